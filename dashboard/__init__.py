@@ -1,0 +1,128 @@
+"""OrbitPilot Memory Dashboard: the application factory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def create_app(config: Mapping[str, Any] | None = None) -> Flask:
+    """Defaults, then the environment, then ``config``; then one ``init_*`` step per concern."""
+    instance_path = Path(
+        (config or {}).get("INSTANCE_PATH")
+        or os.environ.get("ORBITPILOT_INSTANCE")
+        or PROJECT_ROOT / "instance"
+    ).resolve()
+    instance_path.mkdir(parents=True, exist_ok=True)
+    app = Flask(
+        __name__,
+        instance_path=str(instance_path),
+        template_folder=str(PROJECT_ROOT / "templates"),
+    )
+
+    from dashboard.config import settings_from_env
+
+    app.config.update(
+        SQLALCHEMY_ENGINE_OPTIONS={"pool_pre_ping": True},
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        WTF_CSRF_TIME_LIMIT=None,
+        FLASK_ADMIN_SWATCH="cerulean",
+    )
+    app.config.update(settings_from_env(instance_path))
+    if config:
+        app.config.update(config)
+
+    init_services(app)
+    init_extensions(app)
+    init_blueprints(app)
+    init_admin(app)
+    init_cli(app)
+    init_templates(app)
+    init_errors(app)
+    return app
+
+
+def init_services(app: Flask) -> None:
+    """Point at PostgreSQL and Redis: the configured ones, or the embedded default."""
+    from dashboard.embedded import ensure_database, get_services
+
+    database_url = app.config.get("SQLALCHEMY_DATABASE_URI") or app.config["DATABASE_URL"]
+    redis_url = app.config["REDIS_URL"]
+    if not database_url or not redis_url:
+        services = get_services(app.config["EMBEDDED_DIR"])
+        urls = services.ensure()
+        if not database_url:
+            ensure_database(urls.postgres_admin, app.config["EMBEDDED_DATABASE"])
+            database_url = urls.database_url(app.config["EMBEDDED_DATABASE"])
+        redis_url = redis_url or urls.redis
+        app.extensions["orbitpilot.embedded"] = services
+    app.config["SQLALCHEMY_DATABASE_URI"] = normalise_database_url(database_url)
+    app.config["REDIS_URL"] = redis_url
+
+
+def normalise_database_url(url: str) -> str:
+    """Accept the usual spellings and always use the psycopg 3 driver."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    if not url.startswith("postgresql+psycopg://"):
+        raise ValueError("DATABASE_URL must be a PostgreSQL URL (postgresql://...)")
+    return url
+
+
+def init_extensions(app: Flask) -> None:
+    import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
+    from dashboard.extensions import csrf, db, login_manager, migrate
+
+    db.init_app(app)
+    migrate.init_app(app, db, directory=str(PROJECT_ROOT / "migrations"))
+    csrf.init_app(app)
+    login_manager.init_app(app)
+
+    from dashboard.auth.services import load_user
+
+    login_manager.user_loader(load_user)
+    login_manager.login_view = "auth.signin"
+    login_manager.login_message = "Please sign in to see that page."
+    login_manager.login_message_category = "info"
+
+
+def init_blueprints(app: Flask) -> None:
+    from dashboard.auth.views import bp as auth_bp
+    from dashboard.views import bp as main_bp
+
+    app.register_blueprint(main_bp)
+    app.register_blueprint(auth_bp)
+
+
+def init_admin(app: Flask) -> None:
+    from dashboard.admin.views import init_admin as _init_admin
+
+    _init_admin(app)
+
+
+def init_cli(app: Flask) -> None:
+    from dashboard.cli import register_cli
+
+    register_cli(app)
+
+
+def init_templates(app: Flask) -> None:
+    from dashboard.plans.registry import SOURCES
+
+    @app.context_processor
+    def inject_registry() -> dict[str, Any]:
+        return {"SOURCE_REGISTRY": SOURCES}
+
+
+def init_errors(app: Flask) -> None:
+    from dashboard.errors import register_error_handlers
+
+    register_error_handlers(app)

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import BigInteger, Index, String
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from dashboard.extensions import db
+from dashboard.models_base import created_at_column
+
+
+class AuditEvent(db.Model):
+    """One event. Never content: ids, modes, reasons, before/after of settings.
+
+    UPDATE, DELETE and TRUNCATE are refused by triggers (see the initial migration)."""
+
+    __tablename__ = "audit_events"
+    __table_args__ = (
+        Index("ix_audit_events_action_occurred_at", "action", "occurred_at"),
+        Index("ix_audit_events_owner_id_occurred_at", "owner_id", "occurred_at"),
+        Index("ix_audit_events_actor", "actor_type", "actor_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, unique=True)
+    occurred_at: Mapped[datetime] = created_at_column()
+    action: Mapped[str] = mapped_column(String(64))
+    actor_type: Mapped[str] = mapped_column(String(16))
+    actor_id: Mapped[str | None] = mapped_column(String(64))
+    # No foreign keys: the log outlives what it speaks of.
+    owner_id: Mapped[int | None] = mapped_column(BigInteger)
+    target_type: Mapped[str | None] = mapped_column(String(32))
+    target_id: Mapped[str | None] = mapped_column(String(64))
+    mode: Mapped[str | None] = mapped_column(String(16))
+    details: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    prev_hash: Mapped[str] = mapped_column(String(64))
+    hash: Mapped[str] = mapped_column(String(64), unique=True)
+
+
+class AuditCheckpoint(db.Model):
+    """A chain head (seq, hash) written down so a later log can be proved to extend it."""
+
+    __tablename__ = "audit_checkpoints"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, unique=True)
+    hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = created_at_column()

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from flask_login import UserMixin
+from sqlalchemy import Boolean, CheckConstraint, DateTime, ForeignKey, String
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from dashboard.extensions import db
+from dashboard.models_base import created_at_column
+
+if TYPE_CHECKING:
+    from dashboard.plans.models import Plan
+
+ROLES = ("user", "support", "admin")
+
+
+class User(UserMixin, db.Model):
+    __tablename__ = "users"
+    __table_args__ = (CheckConstraint(f"role IN {ROLES!r}", name="role"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # Stored lower-cased; uniqueness is case-insensitive by construction.
+    email: Mapped[str] = mapped_column(String(254), unique=True)
+    display_name: Mapped[str] = mapped_column(String(120), default="")
+    password_hash: Mapped[str] = mapped_column(String(255))
+    role: Mapped[str] = mapped_column(String(16), default="user", server_default="user")
+    # NULL means the default (free) plan; see plans.services.get_plan_for_user.
+    plan_id: Mapped[int | None] = mapped_column(
+        ForeignKey("plans.id", ondelete="SET NULL"), index=True
+    )
+    active: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
+    created_at: Mapped[datetime] = created_at_column()
+    last_login_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), default=None
+    )
+
+    plan: Mapped[Plan | None] = relationship()
+
+    @property
+    def is_active(self) -> bool:  # Flask-Login: a deactivated account cannot sign in
+        return self.active
+
+    @property
+    def is_staff(self) -> bool:
+        return self.role in ("support", "admin")
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def __repr__(self) -> str:
+        return f"<User {self.id} {self.role}>"
+

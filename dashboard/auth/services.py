@@ -1,0 +1,153 @@
+"""Accounts: sign-up, sign-in checks, roles. Services flush; the caller commits."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+from werkzeug.security import check_password_hash, generate_password_hash
+
+from dashboard.auth.models import ROLES, User
+from dashboard.extensions import db
+from dashboard.plans.models import Plan
+
+EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
+# The few passwords every list of leaked passwords starts with.
+COMMON_PASSWORDS = frozenset({
+    "password", "password1", "password123", "passw0rd", "1234567890", "12345678910",
+    "qwertyuiop", "iloveyou12", "letmein123", "orbitpilot", "welcome123", "administrator",
+})
+
+# A real hash of a random string: checking against it makes an unknown email cost the same
+# time as a wrong password, so sign-in does not reveal which emails have accounts.
+_DUMMY_HASH = generate_password_hash("not-a-real-password-ever")
+
+
+class AccountError(ValueError):
+    """A clear, user-facing reason an account operation was refused."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def normalise_email(email: str) -> str:
+    return (email or "").strip().lower()
+
+
+def password_problem(password: str, email: str = "", min_length: int = 10) -> str | None:
+    """Why ``password`` is too weak, or ``None``."""
+    if len(password) < min_length:
+        return f"Use at least {min_length} characters."
+    if len(password) > 256:
+        return "Use at most 256 characters."
+    if password.lower() in COMMON_PASSWORDS:
+        return "That password is among the most common ones; choose another."
+    if len(set(password)) < 4:
+        return "Use a mix of characters, not one or two repeated."
+    local = normalise_email(email).split("@", 1)[0]
+    if local and len(local) >= 4 and local in password.lower():
+        return "Don't build your password from your email address."
+    return None
+
+
+def validate_role(role: str) -> str:
+    if role not in ROLES:
+        raise AccountError(f"Unknown role {role!r}; choose one of: {', '.join(ROLES)}.", "role")
+    return role
+
+
+def find_plan(session: Session, slug_or_name: str) -> Plan:
+    plan = session.scalars(
+        select(Plan).where((Plan.slug == slug_or_name) | (func.lower(Plan.name) ==
+                                                          slug_or_name.lower()))
+    ).first()
+    if plan is None:
+        known = session.scalars(select(Plan.slug).order_by(Plan.id)).all()
+        raise AccountError(
+            f"Unknown plan {slug_or_name!r}; known plans: {', '.join(known) or 'none'}.", "plan"
+        )
+    return plan
+
+
+def get_user_by_email(session: Session, email: str) -> User | None:
+    return session.scalars(select(User).where(User.email == normalise_email(email))).first()
+
+
+def create_user(
+    session: Session,
+    *,
+    email: str,
+    password: str,
+    display_name: str = "",
+    role: str = "user",
+    plan: Plan | None = None,
+    min_password_length: int = 10,
+    password_hash: str | None = None,
+) -> User:
+    """Create an account. ``plan=None`` puts it on the default plan (plan_id stays NULL).
+
+    Raises ``AccountError`` with a field name; nothing is written then."""
+    email = normalise_email(email)
+    if not EMAIL_RE.match(email) or len(email) > 254:
+        raise AccountError("Enter a valid email address.", "email")
+    validate_role(role)
+    if password_hash is None:
+        problem = password_problem(password, email, min_password_length)
+        if problem:
+            raise AccountError(problem, "password")
+        password_hash = generate_password_hash(password)
+    if get_user_by_email(session, email) is not None:
+        raise AccountError("An account with that email already exists.", "email")
+    user = User(
+        email=email,
+        display_name=(display_name or "").strip()[:120] or email.split("@", 1)[0],
+        password_hash=password_hash,
+        role=role,
+        plan_id=plan.id if plan else None,
+    )
+    session.add(user)
+    # A savepoint: a concurrent sign-up with the same email fails cleanly, not the
+    # surrounding transaction.
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError:
+        raise AccountError("An account with that email already exists.", "email") from None
+    return user
+
+
+def authenticate(session: Session, email: str, password: str) -> User | None:
+    user = get_user_by_email(session, email)
+    if user is None:
+        check_password_hash(_DUMMY_HASH, password)
+        return None
+    if not check_password_hash(user.password_hash, password):
+        return None
+    return user
+
+
+def load_user(user_id: str) -> User | None:
+    """Flask-Login's loader: one query per request."""
+    try:
+        return db.session.get(User, int(user_id))
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    user_id: int
+    before: str
+    after: str
+
+
+def set_role(session: Session, user: User, role: str) -> RoleChange:
+    validate_role(role)
+    change = RoleChange(user.id, user.role, role)
+    user.role = role
+    session.flush()
+    return change

@@ -1,0 +1,1 @@
+"""Blinks: short notes a user keeps (and replies caught with **Catch**)."""

@@ -1,0 +1,122 @@
+"""Flask CLI commands: embedded services, accounts, demo data."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from flask import Flask, current_app
+from flask.cli import with_appcontext
+
+from dashboard.auth import services as accounts
+from dashboard.extensions import db
+
+
+def register_cli(app: Flask) -> None:
+    app.cli.add_command(services_group)
+    app.cli.add_command(create_admin)
+    app.cli.add_command(create_user_command)
+    app.cli.add_command(set_role_command)
+    app.cli.add_command(seed_demo_command)
+
+
+@click.group("services", help="The embedded PostgreSQL and Valkey servers.")
+def services_group() -> None:
+    pass
+
+
+@services_group.command("status")
+@with_appcontext
+def services_status() -> None:
+    services = current_app.extensions.get("orbitpilot.embedded")
+    if services is None:
+        click.echo("Using external servers (DATABASE_URL and REDIS_URL are set).")
+        return
+    click.echo(json.dumps(services.status(), indent=2))
+
+
+@services_group.command("stop")
+@with_appcontext
+def services_stop() -> None:
+    services = current_app.extensions.get("orbitpilot.embedded")
+    if services is None:
+        click.echo("Using external servers; nothing to stop.")
+        return
+    db.engine.dispose()
+    services.stop()
+    click.echo("Embedded PostgreSQL and Valkey stopped.")
+
+
+def _fail(message: str) -> None:
+    raise click.ClickException(message)
+
+
+def _create(email: str, password: str, name: str, role: str, plan_ref: str | None) -> None:
+    try:
+        plan = accounts.find_plan(db.session, plan_ref) if plan_ref else None
+        user = accounts.create_user(
+            db.session, email=email, password=password, display_name=name, role=role,
+            plan=plan, min_password_length=current_app.config["PASSWORD_MIN_LENGTH"],
+        )
+    except accounts.AccountError as exc:
+        db.session.rollback()
+        _fail(str(exc))
+    db.session.commit()
+    click.echo(f"Created {user.role} {user.email} (id {user.id}).")
+
+
+@click.command("create-admin")
+@click.option("--email", prompt=True)
+@click.option("--password", prompt=True, hide_input=True, confirmation_prompt=True)
+@click.option("--name", default="")
+@with_appcontext
+def create_admin(email: str, password: str, name: str) -> None:
+    """Create an administrator account."""
+    _create(email, password, name, "admin", None)
+
+
+@click.command("create-user")
+@click.option("--email", prompt=True)
+@click.option("--password", prompt=True, hide_input=True, confirmation_prompt=True)
+@click.option("--name", default="")
+@click.option("--role", default="user", show_default=True, help="user, support or admin")
+@click.option("--plan", "plan_ref", default=None, help="plan slug or name (default: Free)")
+@with_appcontext
+def create_user_command(email: str, password: str, name: str, role: str,
+                        plan_ref: str | None) -> None:
+    """Create an account with a role and a plan."""
+    _create(email, password, name, role, plan_ref)
+
+
+@click.command("set-role")
+@click.argument("email")
+@click.argument("role")
+@with_appcontext
+def set_role_command(email: str, role: str) -> None:
+    """Change an account's role."""
+    user = accounts.get_user_by_email(db.session, email)
+    if user is None:
+        _fail(f"No account with email {email!r}.")
+    try:
+        change = accounts.set_role(db.session, user, role)
+    except accounts.AccountError as exc:
+        db.session.rollback()
+        _fail(str(exc))
+    db.session.commit()
+    click.echo(f"{user.email}: {change.before} -> {change.after}")
+
+
+@click.command("seed-demo")
+@click.option("--password", default=None, help="password for every demo account")
+@with_appcontext
+def seed_demo_command(password: str | None) -> None:
+    """Demo plans (Free, Plus, Team), users on each, support and admin accounts."""
+    from dashboard.demo import DEMO_PASSWORD, seed_demo
+
+    password = password or DEMO_PASSWORD
+    seeded = seed_demo(db.session, password)
+    db.session.commit()
+    click.echo("Demo accounts (password for all: %s):" % password)
+    for user in seeded:
+        state = "created" if user.created else "exists"
+        click.echo(f"  {user.role:<8} {user.plan:<5} {user.email}  [{state}]")

@@ -1,0 +1,62 @@
+"""Settings, each read from the environment with an explicit coercer and default."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def parse_boolean(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _env(name: str, default: Any, coercer: Callable[[str], Any] = str) -> Any:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    return coercer(raw)
+
+
+def _instance_secret_key(instance_path: Path) -> str:
+    """A key generated once and kept under instance/, so sessions survive restarts."""
+    path = instance_path / "secret_key"
+    if path.exists():
+        return path.read_text().strip()
+    instance_path.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(32)
+    # O_EXCL: when two processes start at once, the loser reads the winner's key.
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as fh:
+        fh.write(key)
+    return key
+
+
+def settings_from_env(instance_path: Path) -> dict[str, Any]:
+    return {
+        # PostgreSQL (with pgvector). Unset: the embedded server under instance/.
+        "DATABASE_URL": _env("DATABASE_URL", None),
+        # Redis for RQ. Unset: the embedded Valkey server under instance/.
+        "REDIS_URL": _env("REDIS_URL", None),
+        # Signs sessions and CSRF tokens. Unset: generated once into instance/secret_key.
+        "SECRET_KEY": _env("SECRET_KEY", None) or _instance_secret_key(instance_path),
+        # Which embedder builds use: "hashing" (default, no download) or "minilm".
+        "EMBEDDER": _env("EMBEDDER", "hashing"),
+        # Where embedded servers keep their data; defaults to the app's instance folder.
+        "EMBEDDED_DIR": _env("ORBITPILOT_EMBEDDED_DIR", str(instance_path / "services")),
+        # Name of the database created on the embedded server.
+        "EMBEDDED_DATABASE": _env("ORBITPILOT_EMBEDDED_DATABASE", "orbitpilot"),
+        # RQ queue that builds go to.
+        "BUILD_QUEUE": _env("BUILD_QUEUE", "builds"),
+        # Seconds a build job may run before RQ kills it.
+        "BUILD_JOB_TIMEOUT": _env("BUILD_JOB_TIMEOUT", 900, int),
+        # Secure cookies when served over HTTPS.
+        "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
+        # Minimum password length at sign-up.
+        "PASSWORD_MIN_LENGTH": _env("PASSWORD_MIN_LENGTH", 10, int),
+    }

@@ -1,0 +1,1 @@
+"""Documents a user uploaded (the hidden-by-default ``docs.documents`` source)."""

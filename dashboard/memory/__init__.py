@@ -1,0 +1,1 @@
+"""Memory chunks, build records and the user's Memory Status page."""

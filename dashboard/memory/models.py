@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pgvector.sqlalchemy import Vector
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from dashboard.extensions import db
+from dashboard.models_base import created_at_column
+
+EMBEDDING_DIMENSIONS = 384
+BUILD_MODES = ("quick", "full")
+BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
+BUILD_TRIGGERS = ("conversation_end", "conversation_idle", "user", "admin", "schedule", "system")
+
+
+class MemoryChunk(db.Model):
+    __tablename__ = "memory_chunks"
+    __table_args__ = (
+        # The chunk key of §6, per user.
+        UniqueConstraint("user_id", "source_key", "source_id", "chunk_index", "content_hash",
+                         name="uq_memory_chunks_key"),
+        Index("ix_memory_chunks_user_id_source_key", "user_id", "source_key"),
+        Index(
+            "ix_memory_chunks_embedding_hnsw",
+            "embedding",
+            postgresql_using="hnsw",
+            postgresql_with={"m": 16, "ef_construction": 64},
+            postgresql_ops={"embedding": "vector_cosine_ops"},
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    source_key: Mapped[str] = mapped_column(String(64))
+    source_id: Mapped[str] = mapped_column(String(128))
+    chunk_index: Mapped[int] = mapped_column(Integer)
+    content_hash: Mapped[str] = mapped_column(String(64))
+    content: Mapped[str] = mapped_column(Text)
+    embedding: Mapped[Any] = mapped_column(Vector(EMBEDDING_DIMENSIONS))
+    embedding_model: Mapped[str] = mapped_column(String(64))
+    build_id: Mapped[int | None] = mapped_column(
+        ForeignKey("memory_builds.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class MemoryBuild(db.Model):
+    """The record of one build: written before the job is enqueued, the source of truth."""
+
+    __tablename__ = "memory_builds"
+    __table_args__ = (
+        CheckConstraint(f"mode IN {BUILD_MODES!r}", name="mode"),
+        CheckConstraint(f"status IN {BUILD_STATUSES!r}", name="status"),
+        CheckConstraint(f"trigger IN {BUILD_TRIGGERS!r}", name="trigger"),
+        # One pending request per user (later requests merge into it) and one running
+        # build per user. Two indexes, not one over both states: a request made while a
+        # build runs must queue behind it, or the change that prompted it is lost.
+        Index("uq_memory_builds_one_queued", "user_id", unique=True,
+              postgresql_where=text("status = 'queued'")),
+        Index("uq_memory_builds_one_running", "user_id", unique=True,
+              postgresql_where=text("status = 'running'")),
+        Index("ix_memory_builds_user_id_created_at", "user_id", "created_at"),
+        Index("ix_memory_builds_status_heartbeat", "status", "heartbeat_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    mode: Mapped[str] = mapped_column(String(8))
+    trigger: Mapped[str] = mapped_column(String(24))
+    status: Mapped[str] = mapped_column(String(12), default="queued", server_default="queued")
+    requested_by_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL")
+    )
+    rq_job_id: Mapped[str | None] = mapped_column(String(64))
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    added: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    removed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    kept: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    embedded: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The source resolution the build used (states, cap, plan), for "why" questions later.
+    resolution: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    # Phase timings in milliseconds (extract, embed, write, total).
+    timings: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    embedding_model: Mapped[str | None] = mapped_column(String(64))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = created_at_column()
+    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,16 @@
+"""Every model, imported in one place so Alembic and the app see the whole schema."""
+
+from dashboard.audit.models import AuditCheckpoint, AuditEvent
+from dashboard.auth.models import User
+from dashboard.blinks.models import Blink
+from dashboard.documents.models import Document
+from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
+from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.xmemo.models import ApiKey, ForgetMarker, Memory, MemoryVersion
+
+__all__ = [
+    "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "Conversation", "Document",
+    "ForgetMarker", "Memory", "MemoryBuild", "MemoryChunk", "MemoryVersion", "Message",
+    "Plan", "ProfileFact", "SourceAssignment", "User",
+]

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from dashboard.extensions import db
+from dashboard.models_base import created_at_column, updated_at_column
+
+
+class ProfileFact(db.Model):
+    """One fact of a user's profile; all of a user's facts form the one profile record."""
+
+    __tablename__ = "profile_facts"
+    __table_args__ = (UniqueConstraint("user_id", "key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(64))
+    value: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column()
+
+
+class Conversation(db.Model):
+    __tablename__ = "conversations"
+    __table_args__ = (
+        CheckConstraint("status IN ('open', 'ended')", name="status"),
+        Index("ix_conversations_user_id_last_activity_at", "user_id", "last_activity_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    title: Mapped[str] = mapped_column(String(200), default="", server_default="")
+    status: Mapped[str] = mapped_column(String(8), default="open", server_default="open")
+    created_at: Mapped[datetime] = created_at_column()
+    last_activity_at: Mapped[datetime] = created_at_column()
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    messages: Mapped[list[Message]] = relationship(
+        back_populates="conversation",
+        order_by="Message.position",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+
+
+class Message(db.Model):
+    """A turn. ``position`` orders a conversation; an assistant turn names the user turn
+    it answered in ``reply_to_id``, which is what chat-history pairing follows (§6)."""
+
+    __tablename__ = "messages"
+    __table_args__ = (
+        CheckConstraint("role IN ('user', 'assistant')", name="role"),
+        # Only user turns carry the flag; an assistant reply follows its question.
+        CheckConstraint("role = 'user' OR NOT not_remembered", name="flag_on_user_turns"),
+        CheckConstraint("role = 'assistant' OR reply_to_id IS NULL", name="reply_on_assistant"),
+        UniqueConstraint("conversation_id", "position"),
+        Index("ix_messages_user_id_not_remembered", "user_id", "not_remembered"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(
+        ForeignKey("conversations.id", ondelete="CASCADE")
+    )
+    # Denormalised owner: ownership checks and per-user counts need no join.
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(16))
+    position: Mapped[int] = mapped_column(Integer)
+    content: Mapped[str] = mapped_column(Text)
+    not_remembered: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default="false"
+    )
+    reply_to_id: Mapped[int | None] = mapped_column(
+        ForeignKey("messages.id", ondelete="SET NULL"), index=True
+    )
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column()
+
+    conversation: Mapped[Conversation] = relationship(back_populates="messages")

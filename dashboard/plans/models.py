@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    Boolean,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from dashboard.extensions import db
+from dashboard.models_base import created_at_column, updated_at_column
+
+DEFAULT_INCLUDED_SOURCES = 3
+
+
+class Plan(db.Model):
+    __tablename__ = "plans"
+    __table_args__ = (
+        CheckConstraint("included_sources >= 0", name="included_sources_non_negative"),
+        CheckConstraint("monthly_price_cents >= 0", name="price_non_negative"),
+        # At most one plan is the default (free) plan that users without a plan are on.
+        Index("uq_plans_single_default", "is_default", unique=True,
+              postgresql_where=text("is_default")),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(80), unique=True)
+    slug: Mapped[str] = mapped_column(String(80), unique=True)
+    description: Mapped[str] = mapped_column(Text, default="", server_default="")
+    # The cap: how many assigned sources a build may include.
+    included_sources: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_INCLUDED_SOURCES, server_default=str(DEFAULT_INCLUDED_SOURCES)
+    )
+    monthly_price_cents: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    active: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column()
+
+    assignments: Mapped[list[SourceAssignment]] = relationship(
+        back_populates="plan", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SourceAssignment(db.Model):
+    """The admin's "In-RAG" switch for one source on one plan. No row: the registry decides."""
+
+    __tablename__ = "source_assignments"
+    __table_args__ = (UniqueConstraint("plan_id", "source_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"))
+    source_key: Mapped[str] = mapped_column(String(64))
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    updated_by_id: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL")
+    )
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column()
+
+    plan: Mapped[Plan] = relationship(back_populates="assignments")

@@ -1,0 +1,236 @@
+"""Plans, limits and source resolution: the one truth of what a build includes (§3).
+
+``resolve_sources`` is the pure rule; ``resolve_build_sources`` feeds it the user's plan.
+The plan is read once per request (``get_user_plan``) and shared by every surface that
+needs it, so the chat notice on every page costs at most one query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from flask import g, has_request_context
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from dashboard.extensions import db
+from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
+from dashboard.plans.registry import SOURCES
+
+FALLBACK_PLAN_NAME = "Free"
+
+
+class SourceState(StrEnum):
+    INCLUDED = "included"
+    EVICTED_BY_CAP = "evicted_by_cap"
+    NOT_ASSIGNED_BY_ADMIN = "not_assigned_by_admin"
+    NOT_ASSIGNED_BY_DEFAULT = "not_assigned_by_default"
+    GUEST = "guest"
+
+
+@dataclass(frozen=True)
+class UserPlan:
+    """What resolution needs of a plan, detached from the session (safe across commits)."""
+
+    id: int | None
+    name: str
+    slug: str
+    included_sources: int
+    is_default: bool
+    # source_key -> enabled, for the plan's assignment rows only.
+    assignments: dict[str, bool] = field(default_factory=dict)
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> UserPlan:
+        return cls(
+            id=plan.id,
+            name=plan.name,
+            slug=plan.slug,
+            included_sources=plan.included_sources,
+            is_default=plan.is_default,
+            assignments={a.source_key: a.enabled for a in plan.assignments},
+        )
+
+
+# Used only when the database has no default plan at all (never after migrations).
+FALLBACK_PLAN = UserPlan(None, FALLBACK_PLAN_NAME, "free", DEFAULT_INCLUDED_SOURCES, True)
+
+
+@dataclass(frozen=True)
+class PlanLimits:
+    plan_id: int | None
+    plan_name: str
+    included_sources: int
+
+
+@dataclass(frozen=True)
+class SourceResolution:
+    key: str
+    label: str
+    rank: int
+    state: SourceState
+    # "plan_row" when the plan's assignment row decided, "default" when the registry did.
+    decided_by: str | None
+    assigned: bool
+    cap: int | None = None
+    # For an eviction: the higher-ranked included sources that filled the cap.
+    filled_by: tuple[str, ...] = ()
+
+    @property
+    def remembered(self) -> bool:
+        return self.state is SourceState.INCLUDED
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "rank": self.rank,
+            "state": self.state.value,
+            "decided_by": self.decided_by,
+            "assigned": self.assigned,
+            "cap": self.cap,
+            "filled_by": list(self.filled_by),
+        }
+
+
+@dataclass(frozen=True)
+class Resolution:
+    plan: UserPlan | None  # None for a guest
+    sources: tuple[SourceResolution, ...]
+
+    @property
+    def guest(self) -> bool:
+        return self.plan is None
+
+    @property
+    def included_keys(self) -> tuple[str, ...]:
+        return tuple(s.key for s in self.sources if s.remembered)
+
+    def get(self, key: str) -> SourceResolution:
+        for source in self.sources:
+            if source.key == key:
+                return source
+        raise KeyError(key)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The snapshot a build record keeps: ids, states and the cap, never content."""
+        return {
+            "plan_id": self.plan.id if self.plan else None,
+            "plan_slug": self.plan.slug if self.plan else None,
+            "cap": self.plan.included_sources if self.plan else None,
+            "sources": [s.to_dict() for s in self.sources],
+        }
+
+
+def resolve_sources(plan: UserPlan | None) -> Resolution:
+    """The rule of §3, for a plan (``None`` = a guest), with no I/O."""
+    resolved: list[SourceResolution] = []
+    if plan is None:
+        for rank, source in enumerate(SOURCES, start=1):
+            resolved.append(
+                SourceResolution(source.key, source.label, rank, SourceState.GUEST, None, False)
+            )
+        return Resolution(None, tuple(resolved))
+
+    cap = plan.included_sources
+    included: list[str] = []
+    for rank, source in enumerate(SOURCES, start=1):
+        if source.key in plan.assignments:
+            assigned, decided_by = plan.assignments[source.key], "plan_row"
+        else:
+            assigned, decided_by = source.default_visible, "default"
+        if not assigned:
+            state = (
+                SourceState.NOT_ASSIGNED_BY_ADMIN
+                if decided_by == "plan_row"
+                else SourceState.NOT_ASSIGNED_BY_DEFAULT
+            )
+            resolved.append(SourceResolution(source.key, source.label, rank, state, decided_by,
+                                             False))
+        elif len(included) < cap:
+            included.append(source.key)
+            resolved.append(SourceResolution(source.key, source.label, rank,
+                                             SourceState.INCLUDED, decided_by, True, cap))
+        else:
+            resolved.append(SourceResolution(source.key, source.label, rank,
+                                             SourceState.EVICTED_BY_CAP, decided_by, True, cap,
+                                             tuple(included)))
+    return Resolution(plan, tuple(resolved))
+
+
+# -- reading plans ---------------------------------------------------------------------
+
+def _session(session: Session | None) -> Session:
+    return session if session is not None else db.session
+
+
+def get_default_plan(session: Session | None = None) -> UserPlan:
+    plan = _session(session).scalars(
+        select(Plan).where(Plan.is_default).options(selectinload(Plan.assignments))
+    ).first()
+    return UserPlan.from_plan(plan) if plan else FALLBACK_PLAN
+
+
+def get_plan_for_user(user: Any, session: Session | None = None) -> UserPlan | None:
+    """The user's plan with its assignment rows, in one query; ``None`` for a guest.
+
+    A user with no plan is on the default plan (§3)."""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    from sqlalchemy.orm import joinedload
+
+    if user.plan_id is not None:
+        condition = Plan.id == user.plan_id
+    else:
+        condition = Plan.is_default
+    # joinedload, not selectinload: one round trip is the notice's whole budget.
+    plan = _session(session).scalars(
+        select(Plan).where(condition).options(joinedload(Plan.assignments))
+    ).unique().first()
+    if plan is None:
+        return FALLBACK_PLAN if user.plan_id is None else get_default_plan(session)
+    return UserPlan.from_plan(plan)
+
+
+_CACHE_ATTR = "_orbitpilot_user_plans"
+
+
+def get_user_plan(user: Any) -> UserPlan | None:
+    """``get_plan_for_user``, read once per request and cached for the rest of it.
+
+    Outside a request (a worker, the CLI) it degrades to the plain query."""
+    if not has_request_context():
+        return get_plan_for_user(user)
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    cache: dict[int, UserPlan | None] = g.setdefault(_CACHE_ATTR, {})
+    if user.id not in cache:
+        cache[user.id] = get_plan_for_user(user)
+    return cache[user.id]
+
+
+def forget_cached_plan(user: Any | None = None) -> None:
+    """Drop the request cache (after a view changes the user's plan mid-request)."""
+    if has_request_context():
+        cache = g.get(_CACHE_ATTR)
+        if cache is not None:
+            if user is None:
+                cache.clear()
+            else:
+                cache.pop(user.id, None)
+
+
+def get_effective_limits(user: Any) -> PlanLimits | None:
+    plan = get_user_plan(user)
+    if plan is None:
+        return None
+    return PlanLimits(plan.id, plan.name, plan.included_sources)
+
+
+def resolve_build_sources(user: Any, plan: UserPlan | None = None) -> Resolution:
+    """Per source, in rank order: remembered or not, and why (§3). ``plan`` overrides the
+    user's current plan (used for previews of an admin change)."""
+    if plan is None:
+        plan = get_user_plan(user)
+    return resolve_sources(plan)

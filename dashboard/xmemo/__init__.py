@@ -1,0 +1,1 @@
+"""xmemo: memories saved by connected apps through ``/v1/memories``, API keys, forget markers."""

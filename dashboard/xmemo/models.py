@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    CheckConstraint,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.orm import Mapped, mapped_column
+
+from dashboard.extensions import db
+from dashboard.models_base import created_at_column, updated_at_column
+
+MEMORY_SOURCES = ("chatgpt", "codex", "copilot", "api", "orbitpilot")
+MEMORY_STATUSES = ("active", "deleted", "redacted")
+FORGET_MODES = ("soft_delete", "redact", "hard_delete", "restore")
+SCOPES = ("memory:read", "memory:write", "memory:delete", "memory:redact", "memory:hard_delete")
+
+
+class Memory(db.Model):
+    __tablename__ = "memories"
+    __table_args__ = (
+        CheckConstraint(f"source IN {MEMORY_SOURCES!r}", name="source"),
+        CheckConstraint(f"status IN {MEMORY_STATUSES!r}", name="status"),
+        CheckConstraint("version >= 1", name="version_positive"),
+        Index("ix_memories_owner_id_status_created_at", "owner_id", "status", "created_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), primary_key=True, server_default=text("gen_random_uuid()"),
+        default=uuid.uuid4,
+    )
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    content: Mapped[str] = mapped_column(Text)
+    # "metadata" is reserved on declarative classes; the column keeps the API's name.
+    metadata_: Mapped[dict[str, Any]] = mapped_column(
+        "metadata", JSONB, default=dict, server_default=text("'{}'::jsonb")
+    )
+    source: Mapped[str] = mapped_column(String(16), default="api", server_default="api")
+    status: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
+    version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column()
+    deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    redacted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class MemoryVersion(db.Model):
+    """A snapshot of a memory before a change; redaction purges its content and metadata."""
+
+    __tablename__ = "memory_versions"
+    __table_args__ = (UniqueConstraint("memory_id", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    memory_id: Mapped[uuid.UUID] = mapped_column(
+        UUID(as_uuid=True), ForeignKey("memories.id", ondelete="CASCADE")
+    )
+    version: Mapped[int] = mapped_column(Integer)
+    content: Mapped[str | None] = mapped_column(Text)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONB)
+    status: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class ForgetMarker(db.Model):
+    """What remains of a forget, redact, hard delete or restore: never any content.
+
+    No foreign key to ``memories``: the marker outlives a hard-deleted memory."""
+
+    __tablename__ = "forget_markers"
+    __table_args__ = (
+        CheckConstraint(f"mode IN {FORGET_MODES!r}", name="mode"),
+        Index("ix_forget_markers_owner_id_created_at", "owner_id", "created_at"),
+        Index("ix_forget_markers_memory_id", "memory_id"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    memory_id: Mapped[uuid.UUID] = mapped_column(UUID(as_uuid=True))
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    mode: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    actor_type: Mapped[str] = mapped_column(String(16))  # api_key, user, admin, system
+    actor_id: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class ApiKey(db.Model):
+    """Shown once at creation; stored as a prefix (for lookup) and a hash (for comparison)."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(100))
+    prefix: Mapped[str] = mapped_column(String(16), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(128))
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(String(32)), default=list)
+    created_by_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = created_at_column()
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

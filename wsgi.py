@@ -1,0 +1,3 @@
+from dashboard import create_app
+
+app = create_app()
