@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
@@ -26,25 +24,20 @@ def services_group() -> None:
 
 
 @services_group.command("status")
-@with_appcontext
 def services_status() -> None:
-    services = current_app.extensions.get("orbitpilot.embedded")
-    if services is None:
-        click.echo("Using external servers (DATABASE_URL and REDIS_URL are set).")
-        return
-    click.echo(json.dumps(services.status(), indent=2))
+    """Whether they run, and which processes hold them (starts nothing)."""
+    from dashboard.embedded import main
+
+    main(["status"])
 
 
 @services_group.command("stop")
-@with_appcontext
-def services_stop() -> None:
-    services = current_app.extensions.get("orbitpilot.embedded")
-    if services is None:
-        click.echo("Using external servers; nothing to stop.")
-        return
-    db.engine.dispose()
-    services.stop()
-    click.echo("Embedded PostgreSQL and Valkey stopped.")
+@click.option("--if-unused", is_flag=True, help="only when no live process holds them")
+def services_stop(if_unused: bool) -> None:
+    """Stop both embedded servers (starts nothing)."""
+    from dashboard.embedded import main
+
+    main(["stop", *(["--if-unused"] if if_unused else [])])
 
 
 def _fail(message: str) -> None:
@@ -59,7 +52,6 @@ def _create(email: str, password: str, name: str, role: str, plan_ref: str | Non
             plan=plan, min_password_length=current_app.config["PASSWORD_MIN_LENGTH"],
         )
     except accounts.AccountError as exc:
-        db.session.rollback()
         _fail(str(exc))
     db.session.commit()
     click.echo(f"Created {user.role} {user.email} (id {user.id}).")
@@ -100,7 +92,6 @@ def set_role_command(email: str, role: str) -> None:
     try:
         change = accounts.set_role(db.session, user, role)
     except accounts.AccountError as exc:
-        db.session.rollback()
         _fail(str(exc))
     db.session.commit()
     click.echo(f"{user.email}: {change.before} -> {change.after}")
@@ -116,7 +107,7 @@ def seed_demo_command(password: str | None) -> None:
     password = password or DEMO_PASSWORD
     seeded = seed_demo(db.session, password)
     db.session.commit()
-    click.echo("Demo accounts (password for all: %s):" % password)
+    click.echo(f"Demo accounts (password for all: {password}):")
     for user in seeded:
         state = "created" if user.created else "exists"
         click.echo(f"  {user.role:<8} {user.plan:<5} {user.email}  [{state}]")

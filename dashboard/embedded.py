@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,10 +265,19 @@ def ensure_database(admin_url: str, name: str) -> None:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
-            try:
+            # Another process may win the race between the check and the create.
+            with suppress(psycopg.errors.DuplicateDatabase):
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-            except psycopg.errors.DuplicateDatabase:
-                pass  # another process won the race
+
+
+def default_root() -> Path:
+    """The folder the app uses when ORBITPILOT_EMBEDDED_DIR is unset (see config.py)."""
+    configured = os.environ.get("ORBITPILOT_EMBEDDED_DIR")
+    if configured:
+        return Path(configured)
+    instance = os.environ.get("ORBITPILOT_INSTANCE") or Path(__file__).resolve().parent.parent \
+        / "instance"
+    return Path(instance) / "services"
 
 
 _services: dict[Path, EmbeddedServices] = {}
@@ -279,3 +288,29 @@ def get_services(root: Path | str) -> EmbeddedServices:
     if key not in _services:
         _services[key] = EmbeddedServices(key)
     return _services[key]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m dashboard.embedded status|stop [--if-unused]``, without starting anything."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dashboard.embedded")
+    parser.add_argument("command", choices=("status", "stop"))
+    parser.add_argument("--if-unused", action="store_true",
+                        help="stop only when no live process holds the servers")
+    parser.add_argument("--root", type=Path, default=None)
+    args = parser.parse_args(argv)
+    services = EmbeddedServices(args.root or default_root())
+    if args.command == "status":
+        print(json.dumps(services.status(), indent=2))
+        return 0
+    if args.if_unused and services.holders():
+        print(f"still in use by pids {services.holders()}; left running")
+        return 0
+    services.stop()
+    print("embedded PostgreSQL and Valkey stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -76,9 +76,9 @@ class BuildView(ReadOnlyView):
 
 
 def init_admin(app: Flask) -> Admin:
+    from dashboard.auth.models import User
     from dashboard.memory.models import MemoryBuild
     from dashboard.plans.models import Plan
-    from dashboard.auth.models import User
 
     admin = Admin(
         app,

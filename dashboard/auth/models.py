@@ -39,6 +39,12 @@ class User(UserMixin, db.Model):
     plan: Mapped[Plan | None] = relationship()
 
     @property
+    def is_authenticated(self) -> bool:
+        # Constant, so checking it never refreshes an expired row; an inactive account
+        # never becomes current_user (see auth.services.load_user).
+        return True
+
+    @property
     def is_active(self) -> bool:  # Flask-Login: a deactivated account cannot sign in
         return self.active
 

@@ -133,9 +133,11 @@ def authenticate(session: Session, email: str, password: str) -> User | None:
 def load_user(user_id: str) -> User | None:
     """Flask-Login's loader: one query per request."""
     try:
-        return db.session.get(User, int(user_id))
+        user = db.session.get(User, int(user_id))
     except (TypeError, ValueError):
         return None
+    # A deactivated account loses its open sessions too.
+    return user if user is not None and user.active else None
 
 
 @dataclass(frozen=True)

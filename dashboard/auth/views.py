@@ -41,7 +41,7 @@ def signup():
                 min_password_length=current_app.config["PASSWORD_MIN_LENGTH"],
             )
         except services.AccountError as exc:
-            db.session.rollback()
+            # Nothing was written: create_user checks before it adds.
             getattr(form, exc.field or "email").errors.append(str(exc))
         else:
             db.session.commit()

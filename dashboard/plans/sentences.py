@@ -46,4 +46,7 @@ def state_sentence(source: SourceResolution, resolution: Resolution) -> str:
         )
     if source.state is SourceState.NOT_ASSIGNED_BY_ADMIN:
         return f"Not remembered on the {plan} plan: an administrator switched {label} off."
-    return f"Not remembered on the {plan} plan: {label} is off unless an administrator switches it on."
+    return (
+        f"Not remembered on the {plan} plan: {label} is off unless an administrator "
+        "switches it on."
+    )

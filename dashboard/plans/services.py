@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from flask import g, has_request_context
+from flask import has_request_context, request
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from dashboard.extensions import db
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
@@ -178,12 +179,7 @@ def get_plan_for_user(user: Any, session: Session | None = None) -> UserPlan | N
     A user with no plan is on the default plan (§3)."""
     if user is None or not getattr(user, "is_authenticated", False):
         return None
-    from sqlalchemy.orm import joinedload
-
-    if user.plan_id is not None:
-        condition = Plan.id == user.plan_id
-    else:
-        condition = Plan.is_default
+    condition = Plan.id == user.plan_id if user.plan_id is not None else Plan.is_default
     # joinedload, not selectinload: one round trip is the notice's whole budget.
     plan = _session(session).scalars(
         select(Plan).where(condition).options(joinedload(Plan.assignments))
@@ -193,7 +189,13 @@ def get_plan_for_user(user: Any, session: Session | None = None) -> UserPlan | N
     return UserPlan.from_plan(plan)
 
 
-_CACHE_ATTR = "_orbitpilot_user_plans"
+# Kept in the WSGI environ, which lives exactly as long as the request (``g`` lives as
+# long as the app context, which can span several requests in tests and CLI code).
+_CACHE_KEY = "orbitpilot.user_plans"
+
+
+def _request_cache() -> dict[int, UserPlan | None]:
+    return request.environ.setdefault(_CACHE_KEY, {})
 
 
 def get_user_plan(user: Any) -> UserPlan | None:
@@ -204,21 +206,30 @@ def get_user_plan(user: Any) -> UserPlan | None:
         return get_plan_for_user(user)
     if user is None or not getattr(user, "is_authenticated", False):
         return None
-    cache: dict[int, UserPlan | None] = g.setdefault(_CACHE_ATTR, {})
-    if user.id not in cache:
-        cache[user.id] = get_plan_for_user(user)
-    return cache[user.id]
+    cache = _request_cache()
+    key = _user_key(user)
+    if key not in cache:
+        cache[key] = get_plan_for_user(user)
+    return cache[key]
+
+
+def _user_key(user: Any) -> Any:
+    # The identity map key, read without touching attributes: after a commit they are
+    # expired, and ``user.id`` would cost a refresh query on every later call.
+    state = sa_inspect(user, raiseerr=False)
+    if state is not None and state.identity:
+        return state.identity[0]
+    return user.id
 
 
 def forget_cached_plan(user: Any | None = None) -> None:
     """Drop the request cache (after a view changes the user's plan mid-request)."""
     if has_request_context():
-        cache = g.get(_CACHE_ATTR)
-        if cache is not None:
-            if user is None:
-                cache.clear()
-            else:
-                cache.pop(user.id, None)
+        cache = _request_cache()
+        if user is None:
+            cache.clear()
+        else:
+            cache.pop(_user_key(user), None)
 
 
 def get_effective_limits(user: Any) -> PlanLimits | None:

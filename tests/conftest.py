@@ -1,0 +1,187 @@
+"""Test fixtures: one real PostgreSQL (pgvector) and one real Redis-compatible server.
+
+The test database is created and migrated once per session with the real migrations;
+each test runs inside a transaction that is rolled back (services' commits become
+savepoints). By default the embedded servers are used; TEST_DATABASE_URL and
+TEST_REDIS_URL point the suite at external ones instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from flask import has_app_context
+from sqlalchemy import event
+from sqlalchemy.orm import scoped_session, sessionmaker
+
+from dashboard import create_app
+from dashboard.extensions import db
+
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+TEST_DATABASE = "orbitpilot_test"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In CI a skipped test is a failure: a missing service must not pass quietly."""
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        report.longrepr = f"skipped in CI (CI=true), which counts as a failure: {report.longrepr}"
+
+
+def make_test_config(**overrides) -> dict:
+    config = {
+        "TESTING": True,
+        "EMBEDDED_DATABASE": TEST_DATABASE,
+        "PASSWORD_MIN_LENGTH": 10,
+        "SERVER_NAME": "localhost",
+    }
+    if os.environ.get("TEST_DATABASE_URL"):
+        config["SQLALCHEMY_DATABASE_URI"] = os.environ["TEST_DATABASE_URL"]
+    if os.environ.get("TEST_REDIS_URL"):
+        config["REDIS_URL"] = os.environ["TEST_REDIS_URL"]
+    config.update(overrides)
+    return config
+
+
+def _reset_schema(app) -> None:
+    from flask_migrate import upgrade
+    from sqlalchemy import text
+
+    with app.app_context():
+        with db.engine.begin() as conn:
+            conn.execute(text("DROP SCHEMA IF EXISTS public CASCADE"))
+            conn.execute(text("CREATE SCHEMA public"))
+            conn.execute(text("DROP EXTENSION IF EXISTS vector"))
+        db.engine.dispose()
+        upgrade()
+
+
+@pytest.fixture(scope="session")
+def app():
+    app = create_app(make_test_config())
+    _reset_schema(app)
+    return app
+
+
+class _TestScopedSession(scoped_session):
+    """Flask-SQLAlchemy removes the session when any app context pops; inside a test
+    that would silently roll back the test's own setup. Only the fixture ends it."""
+
+    def remove(self) -> None:
+        pass
+
+    def end(self) -> None:
+        super().remove()
+
+
+@pytest.fixture
+def db_session(app) -> Iterator:
+    """A session whose work is rolled back at the end of the test, commits included."""
+    with app.app_context():
+        connection = db.engine.connect()
+        transaction = connection.begin()
+        # A plain Session: Flask-SQLAlchemy's own picks the engine per table and would
+        # ignore the bind, escaping the rollback.
+        session = _TestScopedSession(
+            sessionmaker(bind=connection, join_transaction_mode="create_savepoint")
+        )
+        original = db.session
+        db.session = session
+        try:
+            yield session
+        finally:
+            session.end()
+            if transaction.is_active:
+                transaction.rollback()
+            connection.close()
+            db.session = original
+
+
+@pytest.fixture
+def client(app, db_session):
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app, db_session):
+    return app.test_cli_runner()
+
+
+CSRF_RE = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
+
+
+def csrf_from(client, path: str) -> str:
+    html = client.get(path).get_data(as_text=True)
+    match = CSRF_RE.search(html)
+    assert match, f"no csrf_token on {path}"
+    return match.group(1)
+
+
+@dataclass
+class AuthActions:
+    client: object
+
+    def login(self, email: str, password: str = "correct-horse-battery"):
+        token = csrf_from(self.client, "/auth/signin")
+        return self.client.post(
+            "/auth/signin", data={"email": email, "password": password, "csrf_token": token}
+        )
+
+    def logout(self):
+        token = csrf_from(self.client, "/")
+        return self.client.post("/auth/signout", data={"csrf_token": token})
+
+
+@pytest.fixture
+def auth(client) -> AuthActions:
+    return AuthActions(client)
+
+
+@dataclass
+class QueryCounter:
+    statements: list[str] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.statements)
+
+
+@pytest.fixture
+def count_queries(app) -> Callable:
+    """``with count_queries() as q: ...; assert q.count == 1`` (SQL statements sent)."""
+
+    @contextmanager
+    def counter() -> Iterator[QueryCounter]:
+        recorded = QueryCounter()
+
+        def before(conn, cursor, statement, parameters, context, executemany):
+            # Savepoint bookkeeping is the test harness's, not the code's.
+            if not statement.lstrip().upper().startswith(("SAVEPOINT", "RELEASE", "ROLLBACK")):
+                recorded.statements.append(statement)
+
+        if has_app_context():
+            engine = db.engine
+        else:
+            with app.app_context():
+                engine = db.engine
+        event.listen(engine, "before_cursor_execute", before)
+        try:
+            yield recorded
+        finally:
+            event.remove(engine, "before_cursor_execute", before)
+
+    return counter
+
+
+@pytest.fixture(scope="session")
+def project_root() -> Path:
+    return Path(__file__).resolve().parent.parent
