@@ -16,6 +16,8 @@ def register_cli(app: Flask) -> None:
     app.cli.add_command(create_user_command)
     app.cli.add_command(set_role_command)
     app.cli.add_command(seed_demo_command)
+    app.cli.add_command(worker_command)
+    app.cli.add_command(builds_group)
 
 
 @click.group("services", help="The embedded PostgreSQL and Valkey servers.")
@@ -111,3 +113,76 @@ def seed_demo_command(password: str | None) -> None:
     for user in seeded:
         state = "created" if user.created else "exists"
         click.echo(f"  {user.role:<8} {user.plan:<5} {user.email}  [{state}]")
+
+
+@click.command("worker")
+@click.option("--burst", is_flag=True, help="work until the queue is empty, then exit")
+@click.option("--simple", is_flag=True, help="run jobs in this process (no fork per job)")
+@with_appcontext
+def worker_command(burst: bool, simple: bool) -> None:
+    """Run a build worker (RQ) with the app context, plus sweeping and the schedule."""
+    from jobs.worker import run_worker
+
+    run_worker(current_app._get_current_object(), burst=burst, simple=simple)
+
+
+@click.group("builds", help="Memory builds: request, sweep, schedule.")
+def builds_group() -> None:
+    pass
+
+
+@builds_group.command("request")
+@click.option("--user", "email", default=None, help="one user's email")
+@click.option("--plan", "plan_ref", default=None, help="every user of a plan (slug or name)")
+@click.option("--mode", type=click.Choice(["quick", "full"]), default="quick",
+              show_default=True)
+@with_appcontext
+def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
+    """Request a build for one user or a whole plan (committed a batch at a time)."""
+    from dashboard.memory.builds import request_build, request_builds_for_plan
+
+    if bool(email) == bool(plan_ref):
+        _fail("Give exactly one of --user or --plan.")
+    if email:
+        user = accounts.get_user_by_email(db.session, email)
+        if user is None:
+            _fail(f"No account with email {email!r}.")
+        request = request_build(db.session, user.id, mode=mode, trigger="admin")
+        db.session.commit()
+        state = "merged into queued build" if request.merged else "queued as build"
+        click.echo(f"{user.email}: {state} {request.build_id}")
+        return
+    try:
+        plan = accounts.find_plan(db.session, plan_ref)
+    except accounts.AccountError as exc:
+        _fail(str(exc))
+    total = 0
+    for count in request_builds_for_plan(db.session, plan, mode=mode):
+        db.session.commit()
+        total += count
+    click.echo(f"{plan.slug}: requested {mode} builds for {total} user(s)")
+
+
+@builds_group.command("sweep")
+@with_appcontext
+def builds_sweep() -> None:
+    """Fail builds whose worker died; push queued builds whose job was lost."""
+    from dashboard.memory.builds import sweep_builds
+
+    result = sweep_builds(db.session)
+    db.session.commit()
+    click.echo(f"failed {result.failed}, re-enqueued {result.requeued}")
+
+
+@builds_group.command("schedule")
+@click.option("--all", "everyone", is_flag=True, help="every active user, changed or not")
+@with_appcontext
+def builds_schedule(everyone: bool) -> None:
+    """Cron-friendly: request quick builds for users whose memory inputs changed."""
+    from dashboard.memory.builds import request_idle_conversation_builds, request_scheduled_builds
+
+    idle = request_idle_conversation_builds(
+        db.session, idle_minutes=current_app.config["CONVERSATION_IDLE_MINUTES"])
+    scheduled = request_scheduled_builds(db.session, everyone=everyone)
+    db.session.commit()
+    click.echo(f"requested {scheduled} scheduled and {idle} idle-conversation build(s)")

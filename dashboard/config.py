@@ -59,4 +59,36 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
         # Minimum password length at sign-up.
         "PASSWORD_MIN_LENGTH": _env("PASSWORD_MIN_LENGTH", 10, int),
+        **build_settings(),
+    }
+
+
+def build_settings() -> dict[str, Any]:
+    """How builds are queued, retried, watched and scheduled."""
+    return {
+        # Seconds between a running build's heartbeats.
+        "BUILD_HEARTBEAT_SECONDS": _env("BUILD_HEARTBEAT_SECONDS", 5.0, float),
+        # A running build whose heartbeat is older than this is failed by the sweeper.
+        "BUILD_STALE_SECONDS": _env("BUILD_STALE_SECONDS", 60.0, float),
+        # A queued build older than this is pushed to RQ again by the sweeper if its job
+        # is gone (Redis was down when it was requested, or Redis lost it).
+        "BUILD_REQUEUE_SECONDS": _env("BUILD_REQUEUE_SECONDS", 30.0, float),
+        # Attempts per build for transient failures (database connection lost), and the
+        # backoff between them in seconds.
+        "BUILD_MAX_ATTEMPTS": _env("BUILD_MAX_ATTEMPTS", 3, int),
+        "BUILD_RETRY_INTERVALS": _env(
+            "BUILD_RETRY_INTERVALS", [10, 60], lambda v: [int(x) for x in v.split(",")]
+        ),
+        # A user may ask for "update my memory now" once per this many seconds.
+        "USER_BUILD_INTERVAL_SECONDS": _env("USER_BUILD_INTERVAL_SECONDS", 60, int),
+        # An open conversation without activity for this long counts as idle.
+        "CONVERSATION_IDLE_MINUTES": _env("CONVERSATION_IDLE_MINUTES", 30, int),
+        # How often a worker runs the periodic schedule (0 turns it off) and the sweeper.
+        "BUILD_SCHEDULE_SECONDS": _env("BUILD_SCHEDULE_SECONDS", 3600, int),
+        "BUILD_SWEEP_SECONDS": _env("BUILD_SWEEP_SECONDS", 30, int),
+        # Users per batch when an admin rebuilds a whole plan.
+        "BUILD_FANOUT_BATCH": _env("BUILD_FANOUT_BATCH", 500, int),
+        # Retrieval: users with at most this many chunks get an exact scan (always k rows,
+        # recall 1.0); bigger ones use the HNSW index with iterative scans.
+        "EXACT_SCAN_MAX_CHUNKS": _env("EXACT_SCAN_MAX_CHUNKS", 50_000, int),
     }

@@ -40,3 +40,53 @@ def make_user(session, *, plan: Plan | None = None, role: str = "user",
     session.add(user)
     session.flush()
     return user
+
+
+def make_conversation(session, user: User, pairs: list[tuple[str, str | None]], *,
+                      flagged: set[int] = frozenset(), title: str = "Chat"):
+    """A conversation of (question, answer) turns; ``answer=None`` leaves it unanswered.
+    ``flagged`` holds pair indexes whose user turn is marked not remembered."""
+    from dashboard.orbitpilot.models import Conversation, Message
+
+    conversation = Conversation(user_id=user.id, title=title)
+    session.add(conversation)
+    session.flush()
+    position = 0
+    messages = []
+    for index, (question, answer) in enumerate(pairs):
+        asked = Message(conversation_id=conversation.id, user_id=user.id, role="user",
+                        position=position, content=question, not_remembered=index in flagged)
+        session.add(asked)
+        session.flush()
+        position += 1
+        messages.append(asked)
+        if answer is not None:
+            reply = Message(conversation_id=conversation.id, user_id=user.id,
+                            role="assistant", position=position, content=answer,
+                            reply_to_id=asked.id)
+            session.add(reply)
+            position += 1
+            messages.append(reply)
+    session.flush()
+    return conversation, messages
+
+
+def user_turns(messages):
+    return [m for m in messages if m.role == "user"]
+
+
+class CountingEmbedder:
+    """Wraps an embedder and counts what it was asked to embed."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dimensions = inner.dimensions
+        self.texts: list[str] = []
+
+    def embed(self, texts):
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+    def reset(self) -> None:
+        self.texts.clear()

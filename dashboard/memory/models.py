@@ -60,7 +60,9 @@ class MemoryChunk(db.Model):
 
 
 class MemoryBuild(db.Model):
-    """The record of one build: written before the job is enqueued, the source of truth."""
+    """The record of one build: written before the job is enqueued, the source of truth.
+
+    Its RQ job id is always ``build-<id>``, so nothing about RQ is stored here."""
 
     __tablename__ = "memory_builds"
     __table_args__ = (
@@ -86,12 +88,15 @@ class MemoryBuild(db.Model):
     requested_by_id: Mapped[int | None] = mapped_column(
         ForeignKey("users.id", ondelete="SET NULL")
     )
-    rq_job_id: Mapped[str | None] = mapped_column(String(64))
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     added: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     removed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     kept: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     embedded: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Embeddings carried over from stored chunks (a full rebuild of unchanged content).
+    reused: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Per source: {"added", "removed", "kept"} chunk counts.
+    source_counts: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     # The source resolution the build used (states, cap, plan), for "why" questions later.
     resolution: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     # Phase timings in milliseconds (extract, embed, write, total).
@@ -99,7 +104,6 @@ class MemoryBuild(db.Model):
     embedding_model: Mapped[str | None] = mapped_column(String(64))
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = created_at_column()
-    enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

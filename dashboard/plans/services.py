@@ -181,8 +181,11 @@ def get_plan_for_user(user: Any, session: Session | None = None) -> UserPlan | N
         return None
     condition = Plan.id == user.plan_id if user.plan_id is not None else Plan.is_default
     # joinedload, not selectinload: one round trip is the notice's whole budget.
+    # populate_existing: a long-lived session must see assignment rows added since it
+    # first loaded this plan (resolution is the one truth; stale is wrong).
     plan = _session(session).scalars(
         select(Plan).where(condition).options(joinedload(Plan.assignments))
+        .execution_options(populate_existing=True)
     ).unique().first()
     if plan is None:
         return FALLBACK_PLAN if user.plan_id is None else get_default_plan(session)

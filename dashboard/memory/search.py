@@ -1,0 +1,79 @@
+"""Retrieval: top-k memory chunks of one user by cosine distance (§6).
+
+An HNSW index filtered to one user post-filters: among millions of chunks it can return
+3 of 10 (measured: under 1 of 10 at 100 users). So a user with up to
+EXACT_SCAN_MAX_CHUNKS chunks gets an exact scan over the btree on ``user_id`` (always k
+rows, recall 1.0; the benchmark measured it fast at 1,000 chunks per user among 1,000,000),
+and a bigger user the HNSW index with pgvector 0.8's iterative scan, topped up by the
+exact scan if it still comes back short."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from dashboard.memory.models import MemoryChunk
+from dashboard.pipeline.embedders import Embedder
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk_id: int
+    source_key: str
+    source_id: str
+    chunk_index: int
+    content: str
+    distance: float
+
+
+def _columns():
+    return (MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
+            MemoryChunk.chunk_index, MemoryChunk.content)
+
+
+def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hit]:
+    # MATERIALIZED keeps the planner from reaching for the HNSW index: this is a scan of
+    # the user's rows (btree on user_id), then an exact sort by distance.
+    mine = (
+        select(*_columns(), MemoryChunk.embedding)
+        .where(MemoryChunk.user_id == user_id)
+        .cte("mine").prefix_with("MATERIALIZED")
+    )
+    distance = mine.c.embedding.cosine_distance(vector)
+    rows = session.execute(
+        select(mine.c.id, mine.c.source_key, mine.c.source_id, mine.c.chunk_index,
+               mine.c.content, distance.label("distance"))
+        .order_by(distance, mine.c.id).limit(k)
+    ).all()
+    return [Hit(*row) for row in rows]
+
+
+def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hit]:
+    session.execute(text("SET LOCAL hnsw.iterative_scan = strict_order"))
+    session.execute(text("SET LOCAL hnsw.ef_search = :ef"), {"ef": max(40, 4 * k)})
+    distance = MemoryChunk.embedding.cosine_distance(vector)
+    rows = session.execute(
+        select(*_columns(), distance.label("distance"))
+        .where(MemoryChunk.user_id == user_id)
+        .order_by(distance).limit(k)
+    ).all()
+    return [Hit(*row) for row in rows]
+
+
+def search_memory(session: Session, user_id: int, query: str, k: int, *, embedder: Embedder,
+                  exact_max_chunks: int = 50_000) -> list[Hit]:
+    """The k chunks of ``user_id`` nearest to ``query``, nearest first."""
+    k = max(1, min(int(k), 100))
+    vector = embedder.embed([query])[0]
+    owned = session.scalar(
+        select(func.count()).select_from(MemoryChunk).where(MemoryChunk.user_id == user_id)
+    )
+    if owned <= exact_max_chunks:
+        return _exact(session, user_id, vector, k)
+    hits = _hnsw(session, user_id, vector, k)
+    if len(hits) < min(k, owned):
+        hits = _exact(session, user_id, vector, k)
+    return hits

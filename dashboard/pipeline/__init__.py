@@ -1,0 +1,1 @@
+"""The memory build pipeline: extract → chunk → hash → embed → swap (§6)."""
