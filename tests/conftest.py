@@ -43,6 +43,9 @@ def make_test_config(**overrides) -> dict:
         "EMBEDDED_DATABASE": TEST_DATABASE,
         "PASSWORD_MIN_LENGTH": 10,
         "SERVER_NAME": "localhost",
+        # A queue of this run's own: nothing else's jobs, and nothing left for others.
+        "BUILD_QUEUE": f"builds-test-{os.getpid()}",
+        "BUILD_HEARTBEAT_SECONDS": 0.2,
     }
     if os.environ.get("TEST_DATABASE_URL"):
         config["SQLALCHEMY_DATABASE_URI"] = os.environ["TEST_DATABASE_URL"]
@@ -67,9 +70,15 @@ def _reset_schema(app) -> None:
 
 @pytest.fixture(scope="session")
 def app():
+    from dashboard.memory.queue import get_build_queue
+
     app = create_app(make_test_config())
     _reset_schema(app)
-    return app
+    queue = get_build_queue(app)
+    queue.empty()
+    yield app
+    queue.empty()
+    queue.delete(delete_jobs=True)
 
 
 class _TestScopedSession(scoped_session):
@@ -185,3 +194,48 @@ def count_queries(app) -> Callable:
 @pytest.fixture(scope="session")
 def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Committed:
+    """Factories whose rows are really committed (visible to worker processes); the users
+    and plans made are deleted after the test, with everything that cascades from them."""
+
+    session: object
+    users: list[int] = field(default_factory=list)
+    plans: list[int] = field(default_factory=list)
+
+    def user(self, **kwargs):
+        from tests.factories import make_user
+
+        user = make_user(self.session, **kwargs)
+        self.users.append(user.id)
+        return user
+
+    def plan(self, **kwargs):
+        from tests.factories import make_plan
+
+        plan = make_plan(self.session, **kwargs)
+        self.plans.append(plan.id)
+        return plan
+
+
+@pytest.fixture
+def committed(app) -> Iterator[Committed]:
+    from sqlalchemy import delete
+
+    from dashboard.auth.models import User
+    from dashboard.plans.models import Plan
+
+    with app.app_context():
+        helper = Committed(db.session)
+        try:
+            yield helper
+        finally:
+            db.session.rollback()
+            if helper.users:
+                db.session.execute(delete(User).where(User.id.in_(helper.users)))
+            if helper.plans:
+                db.session.execute(delete(Plan).where(Plan.id.in_(helper.plans)))
+            db.session.commit()
+            db.session.remove()

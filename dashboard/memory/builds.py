@@ -320,7 +320,7 @@ def _finish(engine: Engine, build_id: int, *, reason: str, requeue: bool) -> str
         conn.execute(
             update(MemoryBuild)
             .where(MemoryBuild.id == build_id, MemoryBuild.status.in_(("queued", "running")))
-            .values(status="failed", error=reason, finished_at=func.now())
+            .values(status="failed", error=reason, finished_at=func.clock_timestamp())
         )
     return "failed"
 
@@ -419,7 +419,8 @@ _LIVE_JOB_STATES = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED,
 def sweep_builds(session: Session, *, stale_after: float | None = None,
                  requeue_after: float | None = None) -> SweepResult:
     """Fail running builds whose worker stopped heartbeating; push queued builds whose job
-    is gone. Safe to run from any number of processes at once."""
+    is gone. Safe to run from any number of processes at once. (clock_timestamp, not
+    now(): a long-lived session's transaction may have started well before this pass.)"""
     config = current_app.config
     stale_after = stale_after if stale_after is not None else config["BUILD_STALE_SECONDS"]
     requeue_after = requeue_after if requeue_after is not None \
@@ -427,15 +428,15 @@ def sweep_builds(session: Session, *, stale_after: float | None = None,
     failed = session.execute(
         update(MemoryBuild)
         .where(MemoryBuild.status == "running",
-               MemoryBuild.heartbeat_at < func.now() - timedelta(seconds=stale_after))
-        .values(status="failed", finished_at=func.now(),
+               MemoryBuild.heartbeat_at < func.clock_timestamp() - timedelta(seconds=stale_after))
+        .values(status="failed", finished_at=func.clock_timestamp(),
                 error="worker stopped heartbeating (killed or lost)")
         .returning(MemoryBuild.id)
     ).scalars().all()
     waiting = session.scalars(
         select(MemoryBuild.id).where(
             MemoryBuild.status == "queued",
-            MemoryBuild.created_at < func.now() - timedelta(seconds=requeue_after),
+            MemoryBuild.created_at < func.clock_timestamp() - timedelta(seconds=requeue_after),
         ).order_by(MemoryBuild.id)
     ).all()
     lost: list[int] = []

@@ -52,8 +52,9 @@ def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[H
 
 
 def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hit]:
-    session.execute(text("SET LOCAL hnsw.iterative_scan = strict_order"))
-    session.execute(text("SET LOCAL hnsw.ef_search = :ef"), {"ef": max(40, 4 * k)})
+    # Transaction-local settings (set_config(..., true) is SET LOCAL with a parameter).
+    session.execute(text("SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
+                         "set_config('hnsw.ef_search', :ef, true)"), {"ef": str(max(40, 4 * k))})
     distance = MemoryChunk.embedding.cosine_distance(vector)
     rows = session.execute(
         select(*_columns(), distance.label("distance"))

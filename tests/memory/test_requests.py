@@ -1,0 +1,217 @@
+"""Build requests (§6): a row first, merged per user, pushed to RQ only after commit."""
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from rq.job import Job
+from sqlalchemy import func, select, update
+
+from dashboard.extensions import db
+from dashboard.memory.builds import (
+    BuildRequestError,
+    RateLimited,
+    request_build,
+    request_builds_for_plan,
+    request_idle_conversation_builds,
+    request_scheduled_builds,
+    request_user_update,
+    sweep_builds,
+)
+from dashboard.memory.models import MemoryBuild
+from dashboard.memory.queue import build_job_id, get_build_queue, get_redis
+from dashboard.orbitpilot.models import Conversation
+from dashboard.orbitpilot.services import end_conversation
+from tests.factories import default_plan, make_conversation, make_plan, make_user
+
+
+@pytest.fixture
+def queue(app):
+    queue = get_build_queue(app)
+    queue.empty()
+    yield queue
+    queue.empty()
+
+
+def queued(session, user_id):
+    return session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id,
+                                                     MemoryBuild.status == "queued")).all()
+
+
+def test_second_request_merges_and_full_wins(db_session, queue):
+    user = make_user(db_session)
+    first = request_build(db_session, user.id, mode="quick", trigger="user")
+    second = request_build(db_session, user.id, mode="full", trigger="admin")
+    third = request_build(db_session, user.id, mode="quick", trigger="schedule")
+    assert not first.merged and second.merged and third.merged
+    assert first.build_id == second.build_id == third.build_id
+    (build,) = queued(db_session, user.id)
+    db_session.refresh(build)
+    assert (build.mode, build.trigger) == ("full", "user")
+
+
+def test_job_is_pushed_after_commit_with_ids_only(db_session, queue):
+    user = make_user(db_session)
+    request = request_build(db_session, user.id)
+    assert queue.job_ids == []  # not before the commit
+    db_session.commit()
+    assert queue.job_ids == [build_job_id(request.build_id)]
+    job = queue.fetch_job(build_job_id(request.build_id))
+    assert job.func_name == "jobs.builds.run_build"
+    assert job.args == (request.build_id,) and job.kwargs == {}
+    # A merged request pushes nothing new.
+    request_build(db_session, user.id, mode="full")
+    db_session.commit()
+    assert queue.job_ids == [build_job_id(request.build_id)]
+
+
+def test_rollback_pushes_nothing(db_session, queue):
+    user = make_user(db_session)
+    request_build(db_session, user.id)
+    db_session.rollback()
+    db_session.commit()
+    assert queue.job_ids == []
+
+
+def test_bad_mode_or_trigger_is_refused(db_session):
+    user = make_user(db_session)
+    with pytest.raises(BuildRequestError, match="mode must be one of quick, full"):
+        request_build(db_session, user.id, mode="partial")
+    with pytest.raises(BuildRequestError, match="trigger"):
+        request_build(db_session, user.id, trigger="cosmic-ray")
+
+
+def test_user_update_is_rate_limited(db_session):
+    user = make_user(db_session)
+    request_user_update(db_session, user, min_interval=60)
+    with pytest.raises(RateLimited) as refused:
+        request_user_update(db_session, user, min_interval=60)
+    assert 0 < refused.value.retry_after <= 60
+    later = datetime.now(UTC) + timedelta(seconds=61)
+    assert request_user_update(db_session, user, min_interval=60, now=later).merged
+
+
+def test_plan_fan_out_goes_in_batches_and_covers_default_plan_users(db_session, queue):
+    free = default_plan(db_session)
+    on_free = [make_user(db_session) for _ in range(3)]  # plan_id NULL
+    on_free.append(make_user(db_session, plan=free))     # explicit row
+    other = make_user(db_session, plan=make_plan(db_session))
+    batches = list(request_builds_for_plan(db_session, free, mode="full", batch_size=3))
+    mine = {u.id for u in on_free}
+    requested = set(db_session.scalars(select(MemoryBuild.user_id).where(
+        MemoryBuild.trigger == "admin", MemoryBuild.mode == "full")))
+    assert mine <= requested and other.id not in requested
+    assert sum(batches) == len(requested) and max(batches) <= 3
+
+
+def test_ending_a_conversation_requests_a_build(db_session):
+    user = make_user(db_session)
+    conv, _ = make_conversation(db_session, user, [("q", "a")])
+    request = end_conversation(db_session, conv)
+    assert conv.status == "ended"
+    build = db_session.get(MemoryBuild, request.build_id)
+    assert (build.trigger, build.mode, build.status) == ("conversation_end", "quick", "queued")
+
+
+def test_idle_conversations_request_one_build_once(db_session):
+    user = make_user(db_session)
+    conv, _ = make_conversation(db_session, user, [("q", "a")])
+    db_session.execute(update(Conversation).where(Conversation.id == conv.id).values(
+        last_activity_at=func.now() - timedelta(hours=2)))
+    assert request_idle_conversation_builds(db_session, idle_minutes=30) >= 1
+    assert [b.trigger for b in queued(db_session, user.id)] == ["conversation_idle"]
+    db_session.execute(update(MemoryBuild).where(MemoryBuild.user_id == user.id).values(
+        status="succeeded"))
+    request_idle_conversation_builds(db_session, idle_minutes=30)
+    assert queued(db_session, user.id) == []  # already requested since that activity
+
+
+def test_schedule_requests_users_whose_inputs_changed(db_session):
+    user = make_user(db_session)
+    _, messages = make_conversation(db_session, user, [("q", "a")])
+    quiet = make_user(db_session)  # no content, no builds
+    request_scheduled_builds(db_session)
+    assert len(queued(db_session, user.id)) == 1 and queued(db_session, quiet.id) == []
+    db_session.execute(update(MemoryBuild).where(MemoryBuild.user_id == user.id).values(
+        status="succeeded", finished_at=func.now() + timedelta(seconds=1)))
+    request_scheduled_builds(db_session)
+    assert queued(db_session, user.id) == []
+    db_session.execute(update(type(messages[0])).where(type(messages[0]).id == messages[0].id)
+                       .values(updated_at=func.now() + timedelta(seconds=5)))
+    request_scheduled_builds(db_session)
+    assert len(queued(db_session, user.id)) == 1
+    assert request_scheduled_builds(db_session, everyone=True) >= 2
+
+
+def test_sweeper_fails_silent_running_builds_and_pushes_lost_queued_ones(db_session, queue):
+    stuck_user, waiting_user = make_user(db_session), make_user(db_session)
+    stuck = MemoryBuild(user_id=stuck_user.id, mode="quick", trigger="user", status="running")
+    db_session.add(stuck)
+    db_session.flush()
+    db_session.execute(update(MemoryBuild).where(MemoryBuild.id == stuck.id).values(
+        heartbeat_at=func.now() - timedelta(minutes=5)))
+    waiting = MemoryBuild(user_id=waiting_user.id, mode="quick", trigger="user",
+                          status="queued")
+    db_session.add(waiting)  # as if Redis was down: no job was ever pushed
+    db_session.flush()
+    db_session.execute(update(MemoryBuild).where(MemoryBuild.id == waiting.id).values(
+        created_at=func.now() - timedelta(minutes=5)))
+
+    result = sweep_builds(db_session, stale_after=60, requeue_after=30)
+    assert (result.failed, result.requeued) == (1, 1)
+    db_session.refresh(stuck)
+    assert stuck.status == "failed" and "heartbeat" in stuck.error
+    assert Job.exists(build_job_id(waiting.id), connection=get_redis())
+    # A second pass finds the job alive and pushes nothing.
+    assert sweep_builds(db_session, stale_after=60, requeue_after=30).requeued == 0
+
+
+def test_redis_down_loses_no_request(app, committed):
+    """The request commits although Redis is unreachable; the sweeper pushes it later."""
+    from dashboard import create_app
+    from tests.conftest import make_test_config
+
+    user = committed.user()
+    committed.session.commit()
+    broken = create_app(make_test_config(
+        SQLALCHEMY_DATABASE_URI=app.config["SQLALCHEMY_DATABASE_URI"],
+        REDIS_URL="unix:///nonexistent/redis.sock"))
+    with broken.app_context():
+        request = request_build(db.session, user.id)
+        db.session.commit()  # no exception: the row is the request
+        db.session.remove()
+    queue = get_build_queue(app)
+    assert build_job_id(request.build_id) not in queue.job_ids
+    assert sweep_builds(committed.session, requeue_after=0).requeued >= 1
+    committed.session.commit()
+    assert build_job_id(request.build_id) in queue.job_ids
+    queue.empty()
+
+
+def test_fifty_simultaneous_requests_make_one_build(app, committed):
+    user_id = committed.user().id
+    committed.session.commit()
+    queue = get_build_queue(app)
+    queue.empty()
+    barrier = threading.Barrier(50)
+    outcomes: list[bool] = []
+
+    def ask(mode: str) -> None:
+        with app.app_context():
+            barrier.wait()
+            outcomes.append(request_build(db.session, user_id, mode=mode).merged)
+            db.session.commit()
+            db.session.remove()
+
+    threads = [threading.Thread(target=ask, args=("full" if i == 17 else "quick",))
+               for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    builds = committed.session.scalars(select(MemoryBuild).where(
+        MemoryBuild.user_id == user_id)).all()
+    assert len(builds) == 1 and builds[0].mode == "full"
+    assert outcomes.count(False) == 1 and len(outcomes) == 50
+    assert queue.job_ids == [build_job_id(builds[0].id)]
+    queue.empty()

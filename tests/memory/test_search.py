@@ -1,0 +1,110 @@
+"""search_memory (§6): top-k by cosine distance within one user's chunks."""
+
+import os
+
+import numpy as np
+import pytest
+from sqlalchemy import insert
+
+from dashboard.memory.models import MemoryChunk
+from dashboard.memory.search import search_memory
+from dashboard.pipeline.build import run_memory_build
+from dashboard.pipeline.embedders import HashingEmbedder, minilm_available
+from dashboard.xmemo.models import Memory
+from tests.factories import make_user
+
+LEXICAL = [
+    "The quarterly tax filing is due on the fifteenth of April.",
+    "Ada's sourdough starter needs feeding twice a day with rye flour.",
+    "Standup happens at 9:30 every weekday in the blue room.",
+    "The Lisbon trip in May: pack light layers and walking shoes.",
+    "Renew the car insurance before the end of the month.",
+]
+
+
+def memories_user(db_session, texts):
+    user = make_user(db_session)
+    db_session.add_all([Memory(owner_id=user.id, content=t) for t in texts])
+    db_session.flush()
+    return user
+
+
+def test_lexical_fixture_ranks_the_relevant_chunk_first(db_session):
+    embedder = HashingEmbedder()
+    user = memories_user(db_session, LEXICAL)
+    run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    hits = search_memory(db_session, user.id, "when is standup?", 3, embedder=embedder)
+    assert hits[0].content.startswith("Standup happens")
+    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+    assert search_memory(db_session, user.id, "sourdough rye", 1,
+                         embedder=embedder)[0].content.startswith("Ada's sourdough")
+
+
+def _random_chunks(session, user_id, count, rng, offset=0):
+    vectors = rng.standard_normal((count, 384)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    session.execute(insert(MemoryChunk), [
+        {"user_id": user_id, "source_key": "xmemo.saved", "source_id": str(offset + i),
+         "chunk_index": 0, "content_hash": f"{offset + i:064d}", "content": f"c{offset + i}",
+         "embedding": vectors[i], "embedding_model": "random"}
+        for i in range(count)
+    ])
+
+
+@pytest.mark.parametrize("exact_max", [50_000, 0], ids=["exact", "hnsw-iterative"])
+def test_small_user_among_many_always_gets_k_rows_matching_exact_order(db_session, exact_max):
+    rng = np.random.default_rng(7)
+    crowd = make_user(db_session)
+    _random_chunks(db_session, crowd.id, 3000, rng)
+    small = make_user(db_session)
+    _random_chunks(db_session, small.id, 10, rng, offset=10_000)
+    db_session.flush()
+
+    class Fixed:
+        name, dimensions = "random", 384
+
+        def embed(self, texts):
+            vector = rng.standard_normal((1, 384)).astype(np.float32)
+            return vector / np.linalg.norm(vector)
+
+    hits = search_memory(db_session, small.id, "anything", 10, embedder=Fixed(),
+                         exact_max_chunks=exact_max)
+    assert len(hits) == 10
+    assert {h.content for h in hits} == {f"c{10_000 + i}" for i in range(10)}
+    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+
+
+def test_k_is_clamped_and_other_users_are_never_returned(db_session):
+    embedder = HashingEmbedder()
+    mine = memories_user(db_session, LEXICAL[:2])
+    theirs = memories_user(db_session, ["standup standup standup"])
+    for user in (mine, theirs):
+        run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    hits = search_memory(db_session, mine.id, "standup", 1000, embedder=embedder)
+    assert len(hits) == 2
+    assert all(h.content in LEXICAL for h in hits)
+
+
+requires_ml = pytest.mark.skipif(
+    not minilm_available() and os.environ.get("CI", "").lower() not in {"1", "true"},
+    reason="the ml extra (all-MiniLM-L6-v2) is not installed",
+)
+
+
+@requires_ml
+def test_semantic_fixture_with_minilm(db_session):
+    from dashboard.pipeline.embedders import get_embedder
+
+    embedder = get_embedder("minilm")  # in CI a missing ml extra fails here, never skips
+    user = memories_user(db_session, [
+        "I adopted a puppy named Rex last spring.",
+        "The quarterly tax filing is due in April.",
+        "My favourite city for a weekend away is Lisbon.",
+        "I am allergic to peanuts.",
+    ])
+    result = run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    assert result.embedded == 4
+    hits = search_memory(db_session, user.id, "my dog", 2, embedder=embedder)
+    assert hits[0].content.startswith("I adopted a puppy")
+    hits = search_memory(db_session, user.id, "food I must avoid", 1, embedder=embedder)
+    assert hits[0].content == "I am allergic to peanuts."

@@ -1,0 +1,227 @@
+"""Builds on real RQ worker processes (§6): committed data, real Redis, real PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+
+from dashboard.memory.builds import execute_build, request_build, sweep_builds
+from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memory.queue import get_build_queue
+from dashboard.orbitpilot.models import ProfileFact
+from dashboard.pipeline.embedders import HashingEmbedder
+from tests.factories import make_conversation
+
+ROOT = Path(__file__).resolve().parents[2]
+CANARY = "CANARY-7f3a-do-not-leak"
+
+
+def worker_env(app) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FLASK_APP="wsgi.py",
+        DATABASE_URL=app.config["SQLALCHEMY_DATABASE_URI"],
+        REDIS_URL=app.config["REDIS_URL"],
+        BUILD_QUEUE=app.config["BUILD_QUEUE"],
+        BUILD_HEARTBEAT_SECONDS="0.2",
+        EMBEDDER="hashing",
+    )
+    return env
+
+
+def start_worker(app, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flask", "worker", *args], cwd=ROOT, env=worker_env(app),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+def build_row(session, build_id) -> MemoryBuild:
+    session.expire_all()
+    return session.get(MemoryBuild, build_id)
+
+
+def wait_for_status(session, build_id, statuses, timeout=60.0) -> MemoryBuild:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        session.rollback()
+        row = build_row(session, build_id)
+        if row.status in statuses:
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"build {build_id} never reached {statuses}")
+
+
+def chat_user(committed, pairs: int, cap: int = 4):
+    user = committed.user(plan=committed.plan(cap=cap))
+    make_conversation(committed.session, user,
+                      [(f"question {i} {CANARY}", f"answer {i}") for i in range(pairs)])
+    committed.session.add(ProfileFact(user_id=user.id, key="name", value=CANARY))
+    committed.session.commit()
+    return user
+
+
+@pytest.fixture
+def queue(app):
+    queue = get_build_queue(app)
+    queue.empty()
+    yield queue
+    queue.empty()
+
+
+def chunk_count(session, user_id) -> int:
+    session.rollback()
+    return session.scalar(select(func.count()).select_from(MemoryChunk)
+                          .where(MemoryChunk.user_id == user_id))
+
+
+def test_a_real_worker_runs_the_build_with_ids_only_and_no_content_in_logs(
+        app, committed, queue):
+    user = chat_user(committed, pairs=5)
+    request = request_build(committed.session, user.id, mode="full")
+    committed.session.commit()
+    job = queue.fetch_job(f"build-{request.build_id}")
+    assert job.args == (request.build_id,) and job.kwargs == {}
+
+    output = finish(start_worker(app, "--burst"))
+    row = build_row(committed.session, request.build_id)
+    assert row.status == "succeeded", output
+    assert (row.added, row.embedded, row.removed) == (6, 6, 0)
+    assert row.resolution["cap"] == 4 and row.started_at <= row.finished_at
+    assert row.source_counts["orbitpilot.chat_history"]["added"] == 5
+    assert chunk_count(committed.session, user.id) == 6
+    assert CANARY not in output  # worker logs carry ids and counts, never content
+    assert CANARY not in repr(row.resolution) + repr(row.source_counts) + (row.error or "")
+
+
+def test_two_workers_never_interleave_builds_of_one_user(app, committed, queue):
+    user = chat_user(committed, pairs=4000)
+    first = request_build(committed.session, user.id, mode="full")
+    committed.session.commit()
+    worker_a = start_worker(app, "--burst")
+    wait_for_status(committed.session, first.build_id, {"running", "succeeded"})
+    worker_b = start_worker(app, "--burst")
+    time.sleep(0.3)  # B is waiting on the queue before the second request exists
+    second = request_build(committed.session, user.id, mode="full")
+    committed.session.commit()
+    assert second.build_id != first.build_id  # the first is running: this one queues
+    outputs = finish(worker_a) + finish(worker_b)
+
+    a, b = build_row(committed.session, first.build_id), build_row(committed.session,
+                                                                   second.build_id)
+    assert (a.status, b.status) == ("succeeded", "succeeded"), outputs
+    assert b.started_at >= a.finished_at  # B waited for A's swap to commit
+    assert chunk_count(committed.session, user.id) == 4001
+    # The stored set is exactly one build's worth: a quick update finds nothing to do.
+    result_build = request_build(committed.session, user.id, mode="quick")
+    committed.session.commit()
+    queue.empty()
+    with app.app_context():
+        assert execute_build(result_build.build_id) == "succeeded"
+    row = build_row(committed.session, result_build.build_id)
+    assert (row.added, row.removed, row.embedded) == (0, 0, 0)
+
+
+def test_an_exception_mid_build_leaves_previous_chunks_and_a_failed_record(app, committed,
+                                                                           queue):
+    user = chat_user(committed, pairs=3)
+    first = request_build(committed.session, user.id)
+    committed.session.commit()
+    queue.empty()
+    with app.app_context():
+        assert execute_build(first.build_id) == "succeeded"
+    before = chunk_count(committed.session, user.id)
+
+    class Exploding(HashingEmbedder):
+        name = "exploding-model"  # a new model: everything must be embedded again
+
+        def embed(self, texts):
+            raise RuntimeError(f"model crashed on {texts[0]}")  # content in the message
+
+    second = request_build(committed.session, user.id, mode="full")
+    committed.session.commit()
+    queue.empty()
+    with app.app_context():
+        assert execute_build(second.build_id, embedder=Exploding()) == "failed"
+    row = build_row(committed.session, second.build_id)
+    assert row.status == "failed" and row.finished_at is not None
+    assert row.error == "RuntimeError during the build"  # the kind, never the content
+    assert chunk_count(committed.session, user.id) == before
+    # Nothing is stuck: the next request runs.
+    third = request_build(committed.session, user.id)
+    committed.session.commit()
+    queue.empty()
+    with app.app_context():
+        assert execute_build(third.build_id) == "succeeded"
+
+
+def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, committed,
+                                                                          queue):
+    user = chat_user(committed, pairs=6000)
+    first = request_build(committed.session, user.id, mode="full")
+    committed.session.commit()
+    worker = start_worker(app, "--burst")
+    wait_for_status(committed.session, first.build_id, {"running"})
+    # RQ puts its work horse in a session of its own, so kill both by pid: no process is
+    # left to notice, only the missing heartbeat tells.
+    for pid in [*work_horses(worker.pid), worker.pid]:
+        os.kill(pid, signal.SIGKILL)
+    worker.wait(timeout=30)
+    assert chunk_count(committed.session, user.id) == 0  # the swap never committed
+
+    time.sleep(1.0)  # heartbeats (every 0.2 s) have stopped
+    with app.app_context():
+        result = sweep_builds(committed.session, stale_after=0.8, requeue_after=3600)
+        committed.session.commit()
+    row = build_row(committed.session, first.build_id)
+    assert row.status == "failed" and "heartbeat" in row.error
+    assert result.failed >= 1
+
+    again = request_build(committed.session, user.id, mode="quick")
+    committed.session.commit()
+    output = finish(start_worker(app, "--burst"))
+    assert build_row(committed.session, again.build_id).status == "succeeded", output
+    assert chunk_count(committed.session, user.id) == 6001
+
+
+def test_a_killed_work_horse_is_recorded_by_the_worker(app, committed, queue):
+    user = chat_user(committed, pairs=6000)
+    request = request_build(committed.session, user.id, mode="full")
+    committed.session.commit()
+    worker = start_worker(app, "--burst")
+    row = wait_for_status(committed.session, request.build_id, {"running"})
+    assert row is not None
+    horse_pids = work_horses(worker.pid)
+    assert horse_pids, "the worker forked no work horse"
+    for pid in horse_pids:
+        os.kill(pid, signal.SIGKILL)
+    finish(worker)
+    row = build_row(committed.session, request.build_id)
+    assert row.status == "failed" and row.error.startswith("worker process terminated")
+
+
+def work_horses(worker_pid: int) -> list[int]:
+    """The worker's child processes, read from /proc."""
+    children = []
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit():
+            continue
+        try:
+            ppid = int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == worker_pid:
+            children.append(int(proc_dir.name))
+    return children
