@@ -96,10 +96,12 @@ def init_extensions(app: Flask) -> None:
 
 def init_blueprints(app: Flask) -> None:
     from dashboard.auth.views import bp as auth_bp
+    from dashboard.memory.views import bp as memory_bp
     from dashboard.views import bp as main_bp
 
     app.register_blueprint(main_bp)
     app.register_blueprint(auth_bp)
+    app.register_blueprint(memory_bp)
 
 
 def init_admin(app: Flask) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from flask import Flask, abort, redirect, request, url_for
+from typing import Any
+
+from flask import Flask, abort, flash, redirect, request, url_for
 from flask_admin import Admin, AdminIndexView, expose
+from flask_admin.actions import action
 from flask_admin.contrib.sqla import ModelView
 from flask_admin.theme import Bootstrap4Theme
 from flask_login import current_user
+from flask_wtf import FlaskForm
+from flask_wtf.form import _Auto
+from sqlalchemy import select
 
 from dashboard.extensions import db
 
@@ -31,7 +37,17 @@ class StaffIndexView(_RoleGate, AdminIndexView):
         return self.render("admin/staff_index.html")
 
 
+class StaffForm(FlaskForm):
+    """Flask-Admin forms carry the same CSRF token as every other form of the app."""
+
+    def __init__(self, formdata: Any = _Auto, obj: Any = None, **kwargs: Any) -> None:
+        # Flask-Admin's Unique validator skips the row being edited through ``_obj``.
+        self._obj = obj
+        super().__init__(formdata=formdata, obj=obj, **kwargs)
+
+
 class StaffModelView(_RoleGate, ModelView):
+    form_base_class = StaffForm
     page_size = 50
     can_view_details = True
     can_export = False
@@ -55,6 +71,42 @@ class PlanView(AdminOnlyView):
     column_labels = {"included_sources": "Sources included (cap)"}
     can_delete = False
 
+    @action("build_quick", "Quick memory update for every user",
+            "Request a quick build for every user of these plans?")
+    def action_build_quick(self, ids: list[str]) -> None:
+        _request_for_plans(ids, "quick")
+
+    @action("build_full", "Full memory rebuild for every user",
+            "Request a full rebuild for every user of these plans?")
+    def action_build_full(self, ids: list[str]) -> None:
+        _request_for_plans(ids, "full")
+
+
+def _request_for_users(ids: list[str], mode: str) -> None:
+    from dashboard.memory.builds import request_build
+
+    merged = 0
+    for user_id in ids:
+        merged += request_build(db.session, int(user_id), mode=mode, trigger="admin",
+                                requested_by_id=current_user.id).merged
+    db.session.commit()
+    flash(f"{mode.capitalize()} build requested for {len(ids)} user(s)"
+          + (f" ({merged} merged into builds already queued)" if merged else "") + ".",
+          "success")
+
+
+def _request_for_plans(ids: list[str], mode: str) -> None:
+    from dashboard.memory.builds import request_builds_for_plan
+    from dashboard.plans.models import Plan
+
+    total = 0
+    for plan in db.session.scalars(select(Plan).where(Plan.id.in_([int(i) for i in ids]))):
+        for count in request_builds_for_plan(db.session, plan, mode=mode,
+                                             requested_by_id=current_user.id):
+            db.session.commit()  # a batch at a time: jobs flow while the fan-out goes on
+            total += count
+    flash(f"{mode.capitalize()} build requested for {total} user(s).", "success")
+
 
 class UserView(AdminOnlyView):
     column_list = ("id", "email", "role", "plan", "active", "created_at")
@@ -65,6 +117,14 @@ class UserView(AdminOnlyView):
     # Staff pages never show content; a user row is ids, email, role, plan.
     column_details_list = ("id", "email", "display_name", "role", "plan", "active",
                            "created_at", "last_login_at")
+
+    @action("build_quick", "Quick memory update", "Request a quick build for these users?")
+    def action_build_quick(self, ids: list[str]) -> None:
+        _request_for_users(ids, "quick")
+
+    @action("build_full", "Full memory rebuild", "Request a full rebuild for these users?")
+    def action_build_full(self, ids: list[str]) -> None:
+        _request_for_users(ids, "full")
 
 
 class BuildView(ReadOnlyView):

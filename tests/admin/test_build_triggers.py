@@ -1,0 +1,81 @@
+"""Admin-triggered builds (one user, whole plans) and the user's "update my memory now"."""
+
+from sqlalchemy import select
+
+from dashboard.memory.models import MemoryBuild
+from dashboard.plans.models import Plan
+from tests.conftest import csrf_from
+from tests.factories import make_plan, make_user
+
+
+def builds_of(db_session, user_id):
+    return db_session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id)).all()
+
+
+def test_admin_action_requests_builds_for_selected_users(client, db_session, auth):
+    admin = make_user(db_session, role="admin", email="root@example.test")
+    a, b = make_user(db_session), make_user(db_session)
+    auth.login("root@example.test")
+    token = csrf_from(client, "/admin/user/")
+    response = client.post("/admin/user/action/", data={
+        "action": "build_full", "rowid": [str(a.id), str(b.id)], "csrf_token": token})
+    assert response.status_code == 302
+    for user in (a, b):
+        (build,) = builds_of(db_session, user.id)
+        assert (build.mode, build.trigger, build.requested_by_id) == ("full", "admin", admin.id)
+
+
+def test_admin_action_fans_out_over_a_plan(client, db_session, auth):
+    make_user(db_session, role="admin", email="root@example.test")
+    plan = make_plan(db_session)
+    members = [make_user(db_session, plan=plan) for _ in range(3)]
+    outsider = make_user(db_session)
+    auth.login("root@example.test")
+    token = csrf_from(client, "/admin/plan/")
+    client.post("/admin/plan/action/", data={"action": "build_quick", "rowid": [str(plan.id)],
+                                             "csrf_token": token})
+    assert all(len(builds_of(db_session, u.id)) == 1 for u in members)
+    assert builds_of(db_session, outsider.id) == []
+
+
+def test_admin_actions_need_the_token_and_the_role(client, db_session, auth):
+    make_user(db_session, role="support", email="help@example.test")
+    target = make_user(db_session)
+    auth.login("help@example.test")
+    response = client.post("/admin/user/action/", data={"action": "build_full",
+                                                        "rowid": [str(target.id)]})
+    assert response.status_code in (400, 403)
+    assert builds_of(db_session, target.id) == []
+
+
+def test_admin_can_edit_a_plan_cap_through_the_form(client, db_session, auth):
+    make_user(db_session, role="admin", email="root@example.test")
+    plan = make_plan(db_session, cap=3)
+    auth.login("root@example.test")
+    token = csrf_from(client, f"/admin/plan/edit/?id={plan.id}")
+    response = client.post(f"/admin/plan/edit/?id={plan.id}", data={
+        "name": plan.name, "slug": plan.slug, "description": "", "included_sources": "4",
+        "monthly_price_cents": "0", "active": "y", "csrf_token": token})
+    assert response.status_code == 302
+    db_session.refresh(plan)
+    assert plan.included_sources == 4
+    assert db_session.get(Plan, plan.id).included_sources == 4
+
+
+def test_update_my_memory_now_is_rate_limited(client, db_session, auth):
+    user = make_user(db_session, email="me@example.test")
+    auth.login("me@example.test")
+    token = csrf_from(client, "/")
+    first = client.post("/memory/update", data={"csrf_token": token})
+    assert first.status_code == 303
+    assert [b.trigger for b in builds_of(db_session, user.id)] == ["user"]
+    second = client.post("/memory/update", data={"csrf_token": token}, follow_redirects=True)
+    assert "you can ask again in" in second.get_data(as_text=True)
+    assert len(builds_of(db_session, user.id)) == 1
+
+
+def test_update_needs_sign_in_and_csrf(client, db_session, auth):
+    assert client.post("/memory/update").status_code in (302, 400)
+    make_user(db_session, email="me@example.test")
+    auth.login("me@example.test")
+    assert client.post("/memory/update").status_code == 400
