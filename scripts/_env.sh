@@ -20,8 +20,8 @@ fi
 stamp="$VENV/.orbitpilot-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) ${EXTRAS}"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "==> installing orbitpilot-dashboard[${EXTRAS}]"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".[${EXTRAS}]"
+  echo "==> installing orbitpilot-dashboard${EXTRAS:+[$EXTRAS]}"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
   echo "$want" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
