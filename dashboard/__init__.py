@@ -57,7 +57,9 @@ def init_services(app: Flask) -> None:
     redis_url = app.config["REDIS_URL"]
     if not database_url or not redis_url:
         services = get_services(app.config["EMBEDDED_DIR"])
-        urls = services.ensure()
+        # Only what is not configured: an external PostgreSQL with the embedded Valkey
+        # (or the reverse) is a valid set-up.
+        urls = services.ensure(postgres=not database_url, redis=not redis_url)
         if not database_url:
             ensure_database(urls.postgres_admin, app.config["EMBEDDED_DATABASE"])
             database_url = urls.database_url(app.config["EMBEDDED_DATABASE"])

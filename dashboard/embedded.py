@@ -70,11 +70,13 @@ class EmbeddedServices:
             return self._read_holders()
 
     # -- lifecycle ------------------------------------------------------------
-    def ensure(self, *, hold: bool = True) -> EmbeddedUrls:
-        """Start the servers if they are not running, and return how to reach them."""
+    def ensure(self, *, hold: bool = True, postgres: bool = True,
+               redis: bool = True) -> EmbeddedUrls:
+        """Start the servers asked for if they are not running; return how to reach them."""
         with self._locked():
-            socket_dir = self._ensure_postgres()
-            self._ensure_valkey()
+            socket_dir = self._ensure_postgres() if postgres else ""
+            if redis:
+                self._ensure_valkey()
             if hold and self._registered_pid != os.getpid():
                 self._write_holders([*self._read_holders(), os.getpid()])
                 self._registered_pid = os.getpid()

@@ -184,18 +184,18 @@ def request_scheduled_builds(session: Session, *, everyone: bool = False) -> int
     if everyone:
         condition = User.active
     else:
-        def changed(model, owner_column, stamp) -> Any:
+        def changed(owner_column, stamp) -> Any:
             return exists().where(owner_column == User.id,
                                   or_(last_success.is_(None), stamp > last_success))
 
         default_plan_id = select(Plan.id).where(Plan.is_default).scalar_subquery()
         plan_id = func.coalesce(User.plan_id, default_plan_id)
         condition = and_(User.active, or_(
-            changed(Message, Message.user_id, Message.updated_at),
-            changed(Blink, Blink.user_id, Blink.updated_at),
-            changed(Memory, Memory.owner_id, Memory.updated_at),
-            changed(Document, Document.user_id, Document.updated_at),
-            changed(ProfileFact, ProfileFact.user_id, ProfileFact.updated_at),
+            changed(Message.user_id, Message.updated_at),
+            changed(Blink.user_id, Blink.updated_at),
+            changed(Memory.owner_id, Memory.updated_at),
+            changed(Document.user_id, Document.updated_at),
+            changed(ProfileFact.user_id, ProfileFact.updated_at),
             and_(last_success.is_not(None), or_(
                 exists().where(Plan.id == plan_id, Plan.updated_at > last_success),
                 exists().where(SourceAssignment.plan_id == plan_id,

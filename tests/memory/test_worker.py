@@ -225,3 +225,49 @@ def work_horses(worker_pid: int) -> list[int]:
         if ppid == worker_pid:
             children.append(int(proc_dir.name))
     return children
+
+
+def test_a_transient_database_error_queues_the_build_again_for_rq_retry(app, committed,
+                                                                         queue):
+    from sqlalchemy.exc import OperationalError
+
+    user = chat_user(committed, pairs=2)
+    request = request_build(committed.session, user.id)
+    committed.session.commit()
+    queue.empty()
+
+    class ConnectionLost(HashingEmbedder):
+        name = "flaky-model"
+
+        def embed(self, texts):
+            raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+
+    with app.app_context(), pytest.raises(OperationalError):
+        execute_build(request.build_id, embedder=ConnectionLost())  # RQ sees it and retries
+    row = build_row(committed.session, request.build_id)
+    assert (row.status, row.attempts) == ("queued", 1)
+    assert row.error.startswith("database error")
+    with app.app_context():  # the retry
+        assert execute_build(request.build_id) == "succeeded"
+    assert build_row(committed.session, request.build_id).attempts == 2
+
+
+def test_a_job_timeout_fails_the_build_with_the_reason(app, committed, queue):
+    from rq.timeouts import JobTimeoutException
+
+    user = chat_user(committed, pairs=2)
+    request = request_build(committed.session, user.id)
+    committed.session.commit()
+    queue.empty()
+
+    class Slow(HashingEmbedder):
+        name = "slow-model"
+
+        def embed(self, texts):
+            raise JobTimeoutException("Task exceeded maximum timeout value (900 seconds)")
+
+    with app.app_context():
+        assert execute_build(request.build_id, embedder=Slow()) == "failed"
+    row = build_row(committed.session, request.build_id)
+    assert row.status == "failed" and row.error.startswith("timed out")
+    assert chunk_count(committed.session, user.id) == 0
