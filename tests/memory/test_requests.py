@@ -25,14 +25,6 @@ from dashboard.orbitpilot.services import end_conversation
 from tests.factories import default_plan, make_conversation, make_plan, make_user
 
 
-@pytest.fixture
-def queue(app):
-    queue = get_build_queue(app)
-    queue.empty()
-    yield queue
-    queue.empty()
-
-
 def queued(session, user_id):
     return session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id,
                                                      MemoryBuild.status == "queued")).all()

@@ -14,7 +14,6 @@ from sqlalchemy import func, select
 
 from dashboard.memory.builds import execute_build, request_build, sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
-from dashboard.memory.queue import get_build_queue
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.pipeline.embedders import HashingEmbedder
 from tests.factories import make_conversation
@@ -73,12 +72,23 @@ def chat_user(committed, pairs: int, cap: int = 4):
     return user
 
 
-@pytest.fixture
-def queue(app):
-    queue = get_build_queue(app)
+def requested_here(committed, queue, user_id: int, mode: str = "quick") -> int:
+    """A committed build request whose job is taken off the queue, to run in this process."""
+    build_id = request_build(committed.session, user_id, mode=mode).build_id
+    committed.session.commit()
     queue.empty()
-    yield queue
-    queue.empty()
+    return build_id
+
+
+def failing_embedder(name: str, exc: BaseException) -> HashingEmbedder:
+    """An embedder of a new model name (so everything must be embedded) that raises."""
+
+    class Failing(HashingEmbedder):
+        def embed(self, texts):
+            raise exc
+
+    Failing.name = name
+    return Failing()
 
 
 def chunk_count(session, user_id) -> int:
@@ -125,46 +135,34 @@ def test_two_workers_never_interleave_builds_of_one_user(app, committed, queue):
     assert b.started_at >= a.finished_at  # B waited for A's swap to commit
     assert chunk_count(committed.session, user.id) == 4001
     # The stored set is exactly one build's worth: a quick update finds nothing to do.
-    result_build = request_build(committed.session, user.id, mode="quick")
-    committed.session.commit()
-    queue.empty()
+    check = requested_here(committed, queue, user.id)
     with app.app_context():
-        assert execute_build(result_build.build_id) == "succeeded"
-    row = build_row(committed.session, result_build.build_id)
+        assert execute_build(check) == "succeeded"
+    row = build_row(committed.session, check)
     assert (row.added, row.removed, row.embedded) == (0, 0, 0)
 
 
 def test_an_exception_mid_build_leaves_previous_chunks_and_a_failed_record(app, committed,
                                                                            queue):
     user = chat_user(committed, pairs=3)
-    first = request_build(committed.session, user.id)
-    committed.session.commit()
-    queue.empty()
+    first = requested_here(committed, queue, user.id)
     with app.app_context():
-        assert execute_build(first.build_id) == "succeeded"
+        assert execute_build(first) == "succeeded"
     before = chunk_count(committed.session, user.id)
 
-    class Exploding(HashingEmbedder):
-        name = "exploding-model"  # a new model: everything must be embedded again
-
-        def embed(self, texts):
-            raise RuntimeError(f"model crashed on {texts[0]}")  # content in the message
-
-    second = request_build(committed.session, user.id, mode="full")
-    committed.session.commit()
-    queue.empty()
+    # The message quotes content, as real exceptions can; the record must not.
+    crash = RuntimeError(f"model crashed on question 0 {CANARY}")
+    second = requested_here(committed, queue, user.id, mode="full")
     with app.app_context():
-        assert execute_build(second.build_id, embedder=Exploding()) == "failed"
-    row = build_row(committed.session, second.build_id)
+        assert execute_build(second, embedder=failing_embedder("exploding", crash)) == "failed"
+    row = build_row(committed.session, second)
     assert row.status == "failed" and row.finished_at is not None
     assert row.error == "RuntimeError during the build"  # the kind, never the content
     assert chunk_count(committed.session, user.id) == before
     # Nothing is stuck: the next request runs.
-    third = request_build(committed.session, user.id)
-    committed.session.commit()
-    queue.empty()
+    third = requested_here(committed, queue, user.id)
     with app.app_context():
-        assert execute_build(third.build_id) == "succeeded"
+        assert execute_build(third) == "succeeded"
 
 
 def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, committed,
@@ -231,43 +229,26 @@ def test_a_transient_database_error_queues_the_build_again_for_rq_retry(app, com
                                                                          queue):
     from sqlalchemy.exc import OperationalError
 
-    user = chat_user(committed, pairs=2)
-    request = request_build(committed.session, user.id)
-    committed.session.commit()
-    queue.empty()
-
-    class ConnectionLost(HashingEmbedder):
-        name = "flaky-model"
-
-        def embed(self, texts):
-            raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
-
-    with app.app_context(), pytest.raises(OperationalError):
-        execute_build(request.build_id, embedder=ConnectionLost())  # RQ sees it and retries
-    row = build_row(committed.session, request.build_id)
+    build_id = requested_here(committed, queue, chat_user(committed, pairs=2).id)
+    lost = OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+    with app.app_context(), pytest.raises(OperationalError):  # RQ sees it and retries
+        execute_build(build_id, embedder=failing_embedder("flaky", lost))
+    row = build_row(committed.session, build_id)
     assert (row.status, row.attempts) == ("queued", 1)
     assert row.error.startswith("database error")
     with app.app_context():  # the retry
-        assert execute_build(request.build_id) == "succeeded"
-    assert build_row(committed.session, request.build_id).attempts == 2
+        assert execute_build(build_id) == "succeeded"
+    assert build_row(committed.session, build_id).attempts == 2
 
 
 def test_a_job_timeout_fails_the_build_with_the_reason(app, committed, queue):
     from rq.timeouts import JobTimeoutException
 
     user = chat_user(committed, pairs=2)
-    request = request_build(committed.session, user.id)
-    committed.session.commit()
-    queue.empty()
-
-    class Slow(HashingEmbedder):
-        name = "slow-model"
-
-        def embed(self, texts):
-            raise JobTimeoutException("Task exceeded maximum timeout value (900 seconds)")
-
+    build_id = requested_here(committed, queue, user.id)
+    timeout = JobTimeoutException("Task exceeded maximum timeout value (900 seconds)")
     with app.app_context():
-        assert execute_build(request.build_id, embedder=Slow()) == "failed"
-    row = build_row(committed.session, request.build_id)
+        assert execute_build(build_id, embedder=failing_embedder("slow", timeout)) == "failed"
+    row = build_row(committed.session, build_id)
     assert row.status == "failed" and row.error.startswith("timed out")
     assert chunk_count(committed.session, user.id) == 0
