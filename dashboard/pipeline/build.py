@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from dashboard.memory.models import MemoryChunk
@@ -26,7 +27,7 @@ from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sour
 
 # Namespace of the per-user advisory lock (the other half is the user id).
 BUILD_LOCK_NAMESPACE = 6_101
-INSERT_BATCH = 1000
+DELETE_BATCH = 1000
 
 ChunkKey = tuple[str, str, int, str]  # (source_key, source_id, chunk_index, content_hash)
 
@@ -134,25 +135,15 @@ def run_memory_build(
     if mode == "full":
         session.execute(delete(MemoryChunk).where(MemoryChunk.user_id == user.id))
     else:
-        for start in range(0, len(remove_ids), INSERT_BATCH):
-            batch = remove_ids[start:start + INSERT_BATCH]
+        for start in range(0, len(remove_ids), DELETE_BATCH):
+            batch = remove_ids[start:start + DELETE_BATCH]
             session.execute(delete(MemoryChunk).where(MemoryChunk.id.in_(batch)))
-    rows = [
-        {
-            "user_id": user.id,
-            "source_key": key[0],
-            "source_id": key[1],
-            "chunk_index": key[2],
-            "content_hash": key[3],
-            "content": fresh[key],
-            "embedding": embeddings[key],
-            "embedding_model": embedder.name,
-            "build_id": build_id,
-        }
-        for key in new_keys
-    ]
-    for start in range(0, len(rows), INSERT_BATCH):
-        session.execute(insert(MemoryChunk), rows[start:start + INSERT_BATCH])
+    if new_keys:
+        _copy_chunks(session, (
+            (user.id, key[0], key[1], key[2], key[3], fresh[key], embeddings[key],
+             embedder.name, build_id)
+            for key in new_keys
+        ))
     result.timings["write_ms"] = _ms(write_started)
 
     result.added = len(new_keys)
@@ -190,6 +181,29 @@ def preview_memory_build(user: Any, *, session: Session, embedder_name: str) -> 
     from dashboard.plans.registry import SOURCE_KEYS
 
     return {key: SourcePreview(key, *counts[key]) for key in SOURCE_KEYS}
+
+
+_COPY_COLUMNS = ("user_id", "source_key", "source_id", "chunk_index", "content_hash", "content",
+                 "embedding", "embedding_model", "build_id")
+_COPY_TYPES = ("int4", "varchar", "varchar", "int4", "varchar", "text", "vector", "varchar",
+               "int8")
+
+
+def _copy_chunks(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
+    """Binary COPY on the build's own connection (same transaction): ~15x faster than
+    INSERT for vectors. What remains of a big write is the HNSW index's upkeep."""
+    from pgvector.psycopg import register_vector
+
+    raw = session.connection().connection.driver_connection
+    if raw.adapters.types.get("vector") is None:
+        register_vector(raw)
+    with raw.cursor() as cursor, cursor.copy(
+        f"COPY {MemoryChunk.__tablename__} ({', '.join(_COPY_COLUMNS)}) "
+        "FROM STDIN WITH (FORMAT BINARY)"
+    ) as copy:
+        copy.set_types(list(_COPY_TYPES))
+        for row in rows:
+            copy.write_row(row)
 
 
 def _ms(since: float) -> float:
