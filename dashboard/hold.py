@@ -14,8 +14,10 @@ import time
 from dashboard.embedded import default_root, get_services
 
 
-def _external() -> bool:
-    return bool(os.environ.get("DATABASE_URL")) and bool(os.environ.get("REDIS_URL"))
+def _wanted() -> dict[str, bool]:
+    """Which embedded servers this set-up uses: those whose URL is not configured."""
+    return {"postgres": not os.environ.get("DATABASE_URL"),
+            "valkey": not os.environ.get("REDIS_URL")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,14 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", action="store_true", help="wait until the servers answer")
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args(argv)
-    if _external():
+    wanted = _wanted()
+    if not any(wanted.values()):
         return 0
     services = get_services(default_root())
     if args.wait:
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             status = services.status()
-            if status["postgres"] and status["valkey"] and status["holders"]:
+            if status["holders"] and all(status[name] for name, on in wanted.items() if on):
                 return 0
             time.sleep(0.2)
         print("embedded servers did not start; see instance/services/", file=sys.stderr)
@@ -41,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    services.ensure()
+    services.ensure(postgres=wanted["postgres"], redis=wanted["valkey"])
     print(f"==> embedded PostgreSQL and Valkey up under {services.root}", flush=True)
     try:
         while True:
