@@ -114,7 +114,8 @@ def request_user_update(
     return request_build(session, user.id, mode=mode, trigger="user", requested_by_id=user.id)
 
 
-def _plan_user_ids(plan: Plan):
+def _on_plan(plan: Plan) -> Any:
+    """The condition for a plan's users: the default plan also has everyone on none."""
     if plan.is_default:
         return or_(User.plan_id.is_(None), User.plan_id == plan.id)
     return User.plan_id == plan.id
@@ -131,7 +132,7 @@ def request_builds_for_plan(
     after = 0
     while True:
         ids = session.scalars(
-            select(User.id).where(_plan_user_ids(plan), User.active, User.id > after)
+            select(User.id).where(_on_plan(plan), User.active, User.id > after)
             .order_by(User.id).limit(batch_size)
         ).all()
         if not ids:

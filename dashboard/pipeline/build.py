@@ -23,6 +23,7 @@ from dashboard.memory.models import MemoryChunk
 from dashboard.pipeline.chunking import chunk_text, content_hash
 from dashboard.pipeline.embedders import Embedder
 from dashboard.pipeline.extract import Record, extract
+from dashboard.plans.registry import SOURCE_KEYS
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
 
 # Namespace of the per-user advisory lock (the other half is the user id).
@@ -55,6 +56,28 @@ def fresh_chunks(records: list[Record]) -> dict[ChunkKey, str]:
 
 def resolve_for_build(session: Session, user: Any) -> Resolution:
     return resolve_sources(get_plan_for_user(user, session))
+
+
+def _key(row: Any) -> ChunkKey:
+    return (row.source_key, row.source_id, row.chunk_index, row.content_hash)
+
+
+@dataclass(frozen=True)
+class QuickDiff:
+    """What a quick update does: stored rows to delete, fresh keys to insert, keys kept.
+    A chunk embedded by another model is stale even if its key is fresh."""
+
+    stale: list[Any]
+    new_keys: list[ChunkKey]
+    kept: list[ChunkKey]
+
+
+def quick_diff(fresh: dict[ChunkKey, str], stored: list[Any], model: str) -> QuickDiff:
+    valid = {_key(r) for r in stored if r.embedding_model == model}
+    stale = [r for r in stored if r.embedding_model != model or _key(r) not in fresh]
+    new_keys = [key for key in fresh if key not in valid]
+    kept = [key for key in fresh if key in valid]
+    return QuickDiff(stale, new_keys, kept)
 
 
 def _stored(session: Session, user_id: int):
@@ -94,20 +117,13 @@ def run_memory_build(
                                                                   "kept": 0})
     reusable: dict[ChunkKey, Any] = {}
     if mode == "quick":
-        valid = {(r.source_key, r.source_id, r.chunk_index, r.content_hash)
-                 for r in stored if r.embedding_model == embedder.name}
-        stale = [r for r in stored
-                 if r.embedding_model != embedder.name
-                 or (r.source_key, r.source_id, r.chunk_index, r.content_hash) not in fresh]
-        new_keys = [key for key in fresh if key not in valid]
-        for key in fresh:
-            if key in valid:
-                per_source[key[0]]["kept"] += 1
-        result.kept = len(fresh) - len(new_keys)
-        remove_ids = [r.id for r in stale]
+        diff = quick_diff(fresh, stored, embedder.name)
+        stale, new_keys = diff.stale, diff.new_keys
+        for key in diff.kept:
+            per_source[key[0]]["kept"] += 1
+        result.kept = len(diff.kept)
     else:
-        same_model = {(r.source_key, r.source_id, r.chunk_index, r.content_hash): r.id
-                      for r in stored if r.embedding_model == embedder.name}
+        same_model = {_key(r): r.id for r in stored if r.embedding_model == embedder.name}
         reuse_ids = {same_model[key]: key for key in fresh if key in same_model}
         if reuse_ids:
             for id_, embedding in session.execute(
@@ -115,9 +131,8 @@ def run_memory_build(
                 .where(MemoryChunk.id.in_(list(reuse_ids)))
             ):
                 reusable[reuse_ids[id_]] = embedding
-        stale = list(stored)
-        new_keys = list(fresh)
-        remove_ids = [r.id for r in stored]
+        stale, new_keys = list(stored), list(fresh)
+    remove_ids = [r.id for r in stale]
 
     for r in stale:
         per_source[r.source_key]["removed"] += 1
@@ -168,18 +183,14 @@ def preview_memory_build(user: Any, *, session: Session, embedder_name: str) -> 
     """What the next quick update would add and remove per source, writing nothing."""
     resolution = resolve_for_build(session, user)
     fresh = fresh_chunks(extract(session, user.id, resolution.included_keys))
-    stored = _stored(session, user.id)
-    valid = {(r.source_key, r.source_id, r.chunk_index, r.content_hash)
-             for r in stored if r.embedding_model == embedder_name}
+    diff = quick_diff(fresh, _stored(session, user.id), embedder_name)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for key in fresh:
-        counts[key[0]][2 if key in valid else 0] += 1
-    for r in stored:
-        key = (r.source_key, r.source_id, r.chunk_index, r.content_hash)
-        if r.embedding_model != embedder_name or key not in fresh:
-            counts[r.source_key][1] += 1
-    from dashboard.plans.registry import SOURCE_KEYS
-
+    for key in diff.new_keys:
+        counts[key[0]][0] += 1
+    for row in diff.stale:
+        counts[row.source_key][1] += 1
+    for key in diff.kept:
+        counts[key[0]][2] += 1
     return {key: SourcePreview(key, *counts[key]) for key in SOURCE_KEYS}
 
 

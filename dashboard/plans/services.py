@@ -14,7 +14,7 @@ from typing import Any
 from flask import has_request_context, request
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy import select
-from sqlalchemy.orm import Session, joinedload, selectinload
+from sqlalchemy.orm import Session, joinedload
 
 from dashboard.extensions import db
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
@@ -166,10 +166,19 @@ def _session(session: Session | None) -> Session:
     return session if session is not None else db.session
 
 
+def _load_plan(session: Session | None, condition: Any) -> Plan | None:
+    """A plan with its assignment rows in one round trip (the notice's whole budget).
+
+    populate_existing: a long-lived session must see assignment rows added since it first
+    loaded this plan (resolution is the one truth; stale is wrong)."""
+    return _session(session).scalars(
+        select(Plan).where(condition).options(joinedload(Plan.assignments))
+        .execution_options(populate_existing=True)
+    ).unique().first()
+
+
 def get_default_plan(session: Session | None = None) -> UserPlan:
-    plan = _session(session).scalars(
-        select(Plan).where(Plan.is_default).options(selectinload(Plan.assignments))
-    ).first()
+    plan = _load_plan(session, Plan.is_default)
     return UserPlan.from_plan(plan) if plan else FALLBACK_PLAN
 
 
@@ -179,17 +188,11 @@ def get_plan_for_user(user: Any, session: Session | None = None) -> UserPlan | N
     A user with no plan is on the default plan (§3)."""
     if user is None or not getattr(user, "is_authenticated", False):
         return None
-    condition = Plan.id == user.plan_id if user.plan_id is not None else Plan.is_default
-    # joinedload, not selectinload: one round trip is the notice's whole budget.
-    # populate_existing: a long-lived session must see assignment rows added since it
-    # first loaded this plan (resolution is the one truth; stale is wrong).
-    plan = _session(session).scalars(
-        select(Plan).where(condition).options(joinedload(Plan.assignments))
-        .execution_options(populate_existing=True)
-    ).unique().first()
-    if plan is None:
-        return FALLBACK_PLAN if user.plan_id is None else get_default_plan(session)
-    return UserPlan.from_plan(plan)
+    if user.plan_id is None:
+        return get_default_plan(session)
+    plan = _load_plan(session, Plan.id == user.plan_id)
+    # The plan row vanished under us (deleted mid-request): the default plan applies.
+    return UserPlan.from_plan(plan) if plan else get_default_plan(session)
 
 
 # Kept in the WSGI environ, which lives exactly as long as the request (``g`` lives as
