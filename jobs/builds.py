@@ -10,11 +10,25 @@ def run_build(build_id: int) -> str:
     app = job_app()
     with app.app_context():
         from dashboard.extensions import db
-        from dashboard.memory.builds import execute_build
+        from dashboard.memory.runner import execute_build
 
         # A forked work horse must not reuse the parent's pooled connections.
         db.engine.dispose(close=False)
         return execute_build(build_id)
+
+
+def fan_out_plan(plan_id: int) -> int:
+    """A plan's cap or assignments changed: request a build for each of its users."""
+    app = job_app()
+    with app.app_context():
+        from dashboard.extensions import db
+        from dashboard.memory.maintenance import fan_out_plan_builds
+
+        db.engine.dispose(close=False)
+        try:
+            return fan_out_plan_builds(db.session, plan_id)
+        finally:
+            db.session.remove()
 
 
 def work_horse_killed(job, retpid, ret_val, rusage) -> None:  # noqa: ARG001 (RQ's signature)
@@ -26,6 +40,6 @@ def work_horse_killed(job, retpid, ret_val, rusage) -> None:  # noqa: ARG001 (RQ
     signal = f" (signal {os.WTERMSIG(ret_val)})" if ret_val and os.WIFSIGNALED(ret_val) else ""
     app = job_app()
     with app.app_context():
-        from dashboard.memory.builds import fail_build
+        from dashboard.memory.runner import fail_build
 
         fail_build(int(job.args[0]), f"worker process terminated{signal}")

@@ -1,18 +1,27 @@
-"""The build worker: an RQ worker with the app context, plus a maintenance thread that
-sweeps stuck builds, requests builds for idle conversations, and runs the schedule.
+"""The build worker: an RQ worker with the app context, plus one maintenance thread that
+moves RQ's retries along and runs the periodic tasks (sweep, idle conversations, the
+schedule) — each once per interval across all workers, by a lease in PostgreSQL.
 
-Run it with ``flask worker`` (any number, on any number of machines)."""
+Run it with ``flask worker`` (any number, on any number of machines). Nothing here forks
+a process of its own: RQ's scheduler runs in the maintenance thread (under RQ's own
+per-queue lock), so it can never outlive the worker."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 
 from flask import Flask
 from rq import SimpleWorker, Worker
+from rq.scheduler import RQScheduler
 
 log = logging.getLogger(__name__)
+
+TICK_SECONDS = 1.0
+MAINTENANCE_EVERY_SECONDS = 5.0
 
 
 class JobIdFilter(logging.Filter):
@@ -26,32 +35,38 @@ class JobIdFilter(logging.Filter):
         return True
 
 
-def maintenance_loop(app: Flask, stop: threading.Event) -> None:
+def maintenance_loop(app: Flask, stop: threading.Event, scheduler: RQScheduler | None) -> None:
     from dashboard.extensions import db
-    from dashboard.memory.builds import (
-        request_idle_conversation_builds,
-        request_scheduled_builds,
-        sweep_builds,
-    )
+    from dashboard.memory.maintenance import run_due_tasks
 
-    sweep_every = app.config["BUILD_SWEEP_SECONDS"]
-    schedule_every = app.config["BUILD_SCHEDULE_SECONDS"]
-    next_schedule = time.monotonic() + schedule_every
-    while not stop.wait(sweep_every):
-        with app.app_context():
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    next_maintenance = 0.0
+    try:
+        while not stop.wait(TICK_SECONDS):
+            if scheduler is not None:
+                try:
+                    # Retries with backoff wait in RQ's scheduled registry; whichever
+                    # worker holds the queue's scheduler lock moves them when due.
+                    if scheduler.acquire_locks():
+                        scheduler.enqueue_scheduled_jobs()
+                except Exception as exc:
+                    log.warning("moving scheduled retries failed: %s", type(exc).__name__)
+            if time.monotonic() < next_maintenance:
+                continue
+            next_maintenance = time.monotonic() + MAINTENANCE_EVERY_SECONDS
+            with app.app_context():
+                try:
+                    run_due_tasks(db.session, app.config, holder=holder)
+                except Exception as exc:
+                    log.warning("maintenance pass failed: %s", type(exc).__name__)
+                finally:
+                    db.session.remove()
+    finally:
+        if scheduler is not None:
             try:
-                sweep_builds(db.session)
-                request_idle_conversation_builds(
-                    db.session, idle_minutes=app.config["CONVERSATION_IDLE_MINUTES"])
-                if schedule_every and time.monotonic() >= next_schedule:
-                    request_scheduled_builds(db.session)
-                    next_schedule = time.monotonic() + schedule_every
-                db.session.commit()
+                scheduler.release_locks()
             except Exception as exc:
-                db.session.rollback()
-                log.warning("maintenance pass failed: %s", type(exc).__name__)
-            finally:
-                db.session.remove()
+                log.warning("releasing the scheduler lock failed: %s", type(exc).__name__)
 
 
 def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
@@ -68,15 +83,26 @@ def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
     logging.getLogger("dashboard").setLevel(logging.INFO)
 
     with app.app_context():
-        worker = worker_class([get_build_queue(app)], connection=get_redis(app),
+        queue = get_build_queue(app)
+        worker = worker_class([queue], connection=get_redis(app),
                               work_horse_killed_handler=work_horse_killed)
+        scheduler = RQScheduler([queue], connection=get_redis(app))
     stop = threading.Event()
-    if maintenance and not burst:
-        threading.Thread(target=maintenance_loop, args=(app, stop), daemon=True,
-                         name="maintenance").start()
+    thread = None
+    if not burst:
+        thread = threading.Thread(target=maintenance_loop, name="maintenance", daemon=True,
+                                  args=(app, stop, scheduler if maintenance else None))
+        if maintenance:
+            thread.start()
     try:
-        # The scheduler runs retries with backoff (RQ's Retry intervals).
         with app.app_context():
-            return worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
+            if burst:
+                # A burst run still moves retries that are already due, then drains.
+                scheduler.acquire_locks()
+                scheduler.enqueue_scheduled_jobs()
+                scheduler.release_locks()
+            return worker.work(burst=burst, logging_level="INFO")
     finally:
         stop.set()
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=5)

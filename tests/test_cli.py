@@ -3,8 +3,8 @@
 from sqlalchemy import func, select
 
 from dashboard.auth.models import User
+from dashboard.memory.sources import CHAT_HISTORY
 from dashboard.plans.models import Plan, SourceAssignment
-from dashboard.plans.registry import CHAT_HISTORY
 from dashboard.plans.services import SourceState, resolve_build_sources
 
 

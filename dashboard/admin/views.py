@@ -83,7 +83,7 @@ class PlanView(AdminOnlyView):
 
 
 def _request_for_users(ids: list[str], mode: str) -> None:
-    from dashboard.memory.builds import request_build
+    from dashboard.memory.requests import request_build
 
     merged = 0
     for user_id in ids:
@@ -96,7 +96,7 @@ def _request_for_users(ids: list[str], mode: str) -> None:
 
 
 def _request_for_plans(ids: list[str], mode: str) -> None:
-    from dashboard.memory.builds import request_builds_for_plan
+    from dashboard.memory.requests import request_builds_for_plan
     from dashboard.plans.models import Plan
 
     total = 0

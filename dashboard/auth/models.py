@@ -36,6 +36,10 @@ class User(UserMixin, db.Model):
         DateTime(timezone=True), default=None
     )
 
+    # Set by a trigger whenever plan_id changes (by any path, a deleted plan's SET NULL
+    # included): the schedule's safety net compares it with the last build.
+    plan_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
     plan: Mapped[Plan | None] = relationship()
 
     @property

@@ -25,7 +25,10 @@ from dashboard.models_base import created_at_column
 EMBEDDING_DIMENSIONS = 384
 BUILD_MODES = ("quick", "full")
 BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
-BUILD_TRIGGERS = ("conversation_end", "conversation_idle", "user", "admin", "schedule", "system")
+# What asked for a build. content_change: content, flags or deletions the user (or the
+# API) wrote; plan_change: the user's plan, or the cap or assignments of their plan.
+BUILD_TRIGGERS = ("conversation_end", "conversation_idle", "user", "admin", "schedule", "system",
+                  "content_change", "plan_change")
 
 
 class MemoryChunk(db.Model):
@@ -105,5 +108,19 @@ class MemoryBuild(db.Model):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = created_at_column()
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # When the build began reading its inputs: the schedule compares changes with this,
+    # not with the finish (a change made while a build runs is not in it).
+    inputs_read_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class MaintenanceLease(db.Model):
+    """When a periodic task (sweep, idle conversations, schedule) last ran, across every
+    worker: a worker runs a task only if it wins the compare-and-set on its row."""
+
+    __tablename__ = "maintenance_leases"
+
+    task: Mapped[str] = mapped_column(String(32), primary_key=True)
+    last_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    holder: Mapped[str] = mapped_column(String(128), default="", server_default="")

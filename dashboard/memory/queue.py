@@ -27,3 +27,7 @@ def get_build_queue(app: Flask | None = None) -> Queue:
 
 def build_job_id(build_id: int) -> str:
     return f"build-{build_id}"
+
+
+def fanout_job_id(plan_id: int) -> str:
+    return f"fanout-plan-{plan_id}"

@@ -15,8 +15,8 @@ import numpy as np
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from dashboard.memory.embedders import Embedder
 from dashboard.memory.models import MemoryChunk
-from dashboard.pipeline.embedders import Embedder
 
 
 @dataclass(frozen=True)

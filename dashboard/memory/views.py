@@ -6,7 +6,7 @@ from flask import Blueprint, flash, redirect, request, url_for
 from flask_login import current_user, login_required
 
 from dashboard.extensions import db
-from dashboard.memory.builds import RateLimited, request_user_update
+from dashboard.memory.requests import RateLimited, request_user_update
 
 bp = Blueprint("memory", __name__, url_prefix="/memory")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import func
 from sqlalchemy.orm import Session
 
-from dashboard.memory.builds import BuildRequest, request_build
+from dashboard.memory.requests import BuildRequest, request_build
 from dashboard.orbitpilot.models import Conversation
 
 

@@ -5,6 +5,7 @@ from datetime import datetime
 from sqlalchemy import (
     Boolean,
     CheckConstraint,
+    DateTime,
     ForeignKey,
     Index,
     Integer,
@@ -44,6 +45,11 @@ class Plan(db.Model):
     active: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = updated_at_column()
+    # Set by triggers when the cap or any assignment row changes (what the plan's builds
+    # include), and by the fan-out job once every user of the plan has a build requested
+    # for that change. The sweeper re-pushes a fan-out while the first is ahead.
+    memory_changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    fanned_out_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
     assignments: Mapped[list[SourceAssignment]] = relationship(
         back_populates="plan", cascade="all, delete-orphan", passive_deletes=True

@@ -4,7 +4,7 @@ can never disagree word for word."""
 
 from __future__ import annotations
 
-from dashboard.plans.registry import get_source
+from dashboard.memory.sources import get_source
 from dashboard.plans.services import Resolution, SourceResolution, SourceState
 
 CHAT_REMEMBERED = "Conversations are remembered so I can help you better"

@@ -12,13 +12,14 @@ from enum import StrEnum
 from typing import Any
 
 from flask import has_request_context, request
+from sqlalchemy import ColumnElement, func, or_, select
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
+from dashboard.auth.models import User
 from dashboard.extensions import db
+from dashboard.memory.sources import SOURCES
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
-from dashboard.plans.registry import SOURCES
 
 FALLBACK_PLAN_NAME = "Free"
 
@@ -158,6 +159,22 @@ def resolve_sources(plan: UserPlan | None) -> Resolution:
                                              SourceState.EVICTED_BY_CAP, decided_by, True, cap,
                                              tuple(included)))
     return Resolution(plan, tuple(resolved))
+
+
+# -- the users of a plan ----------------------------------------------------------------
+# The one place that knows a user with no plan (plan_id NULL) is on the default plan.
+
+def users_of_plan(plan_id: int, is_default: bool) -> ColumnElement[bool]:
+    """SQL condition on ``users``: the user is on this plan (index-friendly)."""
+    if is_default:
+        return or_(User.plan_id.is_(None), User.plan_id == plan_id)
+    return User.plan_id == plan_id
+
+
+def effective_plan_id() -> ColumnElement[int]:
+    """SQL expression on ``users``: the id of the plan the user is on."""
+    default_plan = select(Plan.id).where(Plan.is_default).scalar_subquery()
+    return func.coalesce(User.plan_id, default_plan)
 
 
 # -- reading plans ---------------------------------------------------------------------

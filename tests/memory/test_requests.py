@@ -7,21 +7,25 @@ import pytest
 from rq.job import Job
 from sqlalchemy import func, select, update
 
+from dashboard.auth.models import User
 from dashboard.extensions import db
-from dashboard.memory.builds import (
-    BuildRequestError,
-    RateLimited,
-    request_build,
-    request_builds_for_plan,
+from dashboard.memory.maintenance import (
     request_idle_conversation_builds,
     request_scheduled_builds,
-    request_user_update,
     sweep_builds,
 )
 from dashboard.memory.models import MemoryBuild
 from dashboard.memory.queue import build_job_id, get_build_queue, get_redis
+from dashboard.memory.requests import (
+    BuildRequestError,
+    RateLimited,
+    request_build,
+    request_builds_for_plan,
+    request_user_update,
+)
 from dashboard.orbitpilot.models import Conversation
 from dashboard.orbitpilot.services import end_conversation
+from dashboard.plans.models import Plan
 from tests.factories import default_plan, make_conversation, make_plan, make_user
 
 
@@ -118,21 +122,58 @@ def test_idle_conversations_request_one_build_once(db_session):
     assert queued(db_session, user.id) == []  # already requested since that activity
 
 
+def _built(db_session, user_id, *, read_at, finished_at):
+    db_session.execute(update(MemoryBuild).where(MemoryBuild.user_id == user_id).values(
+        status="succeeded", inputs_read_at=read_at, finished_at=finished_at))
+
+
 def test_schedule_requests_users_whose_inputs_changed(db_session):
     user = make_user(db_session)
     _, messages = make_conversation(db_session, user, [("q", "a")])
     quiet = make_user(db_session)  # no content, no builds
-    request_scheduled_builds(db_session)
+    request_scheduled_builds(db_session, margin_seconds=0)
     assert len(queued(db_session, user.id)) == 1 and queued(db_session, quiet.id) == []
-    db_session.execute(update(MemoryBuild).where(MemoryBuild.user_id == user.id).values(
-        status="succeeded", finished_at=func.now() + timedelta(seconds=1)))
-    request_scheduled_builds(db_session)
+    later = func.now() + timedelta(minutes=1)
+    _built(db_session, user.id, read_at=later, finished_at=later)
+    request_scheduled_builds(db_session, margin_seconds=0)
     assert queued(db_session, user.id) == []
     db_session.execute(update(type(messages[0])).where(type(messages[0]).id == messages[0].id)
-                       .values(updated_at=func.now() + timedelta(seconds=5)))
-    request_scheduled_builds(db_session)
+                       .values(updated_at=func.now() + timedelta(minutes=5)))
+    request_scheduled_builds(db_session, margin_seconds=0)
     assert len(queued(db_session, user.id)) == 1
     assert request_scheduled_builds(db_session, everyone=True) >= 2
+
+
+def test_schedule_compares_with_when_the_build_read_its_inputs_not_its_finish(db_session):
+    """A change made while a build ran is not in that build: the schedule requests one."""
+    user = make_user(db_session)
+    _, messages = make_conversation(db_session, user, [("q", "a")])
+    request_scheduled_builds(db_session, margin_seconds=0)
+    _built(db_session, user.id, read_at=func.now() - timedelta(minutes=10),
+           finished_at=func.now() + timedelta(minutes=10))
+    # Flagged after the build read its inputs, before it finished (bulk, so no request
+    # is made by the change itself: the schedule is the only net here).
+    db_session.execute(update(type(messages[0])).where(type(messages[0]).id == messages[0].id)
+                       .values(not_remembered=True, updated_at=func.now()))
+    assert request_scheduled_builds(db_session, margin_seconds=0) >= 1
+    assert [b.trigger for b in queued(db_session, user.id)] == ["schedule"]
+
+
+def test_schedule_sees_a_plan_switch_and_a_cap_change(db_session):
+    plus, other = make_plan(db_session, cap=5), make_plan(db_session, cap=3)
+    mover, stayer = make_user(db_session, plan=plus), make_user(db_session, plan=other)
+    for user in (mover, stayer):
+        make_conversation(db_session, user, [("q", "a")])
+    request_scheduled_builds(db_session, margin_seconds=0)
+    for user in (mover, stayer):
+        _built(db_session, user.id, read_at=func.now() - timedelta(minutes=1),
+               finished_at=func.now())
+    # Bulk statements: the triggers stamp the change, no ORM listener requests a build.
+    db_session.execute(update(User).where(User.id == mover.id).values(plan_id=None))
+    db_session.execute(update(Plan).where(Plan.id == other.id).values(included_sources=4))
+    assert request_scheduled_builds(db_session, margin_seconds=0) == 2
+    assert [b.trigger for b in queued(db_session, mover.id)] == ["schedule"]
+    assert [b.trigger for b in queued(db_session, stayer.id)] == ["schedule"]
 
 
 def test_sweeper_fails_silent_running_builds_and_pushes_lost_queued_ones(db_session, queue):

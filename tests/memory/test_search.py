@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from sqlalchemy import insert
 
+from dashboard.memory.embedders import HashingEmbedder, minilm_available
 from dashboard.memory.models import MemoryChunk
+from dashboard.memory.pipeline import run_memory_build
 from dashboard.memory.search import search_memory
-from dashboard.pipeline.build import run_memory_build
-from dashboard.pipeline.embedders import HashingEmbedder, minilm_available
 from dashboard.xmemo.models import Memory
 from tests.factories import make_user
 
@@ -93,7 +93,7 @@ requires_ml = pytest.mark.skipif(
 
 @requires_ml
 def test_semantic_fixture_with_minilm(db_session):
-    from dashboard.pipeline.embedders import get_embedder
+    from dashboard.memory.embedders import get_embedder
 
     embedder = get_embedder("minilm")  # in CI a missing ml extra fails here, never skips
     user = memories_user(db_session, [

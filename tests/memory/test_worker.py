@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
-from dashboard.memory.builds import execute_build, request_build, sweep_builds
+from dashboard.memory.embedders import HashingEmbedder
+from dashboard.memory.maintenance import sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memory.requests import request_build
+from dashboard.memory.runner import execute_build
 from dashboard.orbitpilot.models import ProfileFact
-from dashboard.pipeline.embedders import HashingEmbedder
 from tests.factories import make_conversation
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dashboard.plans.registry import CHAT_HISTORY, SOURCE_KEYS, SOURCES
+from dashboard.memory.sources import CHAT_HISTORY, SOURCE_KEYS, SOURCES
 from dashboard.plans.sentences import GUEST_INVITATION, state_sentence
 from dashboard.plans.services import (
     SourceState,

@@ -1,7 +1,7 @@
 import numpy as np
 
-from dashboard.pipeline.chunking import chunk_text, content_hash
-from dashboard.pipeline.embedders import HashingEmbedder, get_embedder
+from dashboard.memory.chunking import chunk_text, content_hash
+from dashboard.memory.embedders import HashingEmbedder, get_embedder
 
 
 def test_short_text_is_one_chunk_and_long_text_is_split_deterministically():

@@ -14,16 +14,16 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from dashboard.memory.chunking import chunk_text, content_hash
+from dashboard.memory.embedders import Embedder
 from dashboard.memory.models import MemoryChunk
-from dashboard.pipeline.chunking import chunk_text, content_hash
-from dashboard.pipeline.embedders import Embedder
-from dashboard.pipeline.extract import Record, extract
-from dashboard.plans.registry import SOURCE_KEYS
+from dashboard.memory.sources import SOURCE_KEYS, Record, extract
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
 
 # Namespace of the per-user advisory lock (the other half is the user id).
@@ -41,6 +41,7 @@ class BuildResult:
     kept: int = 0
     embedded: int = 0
     reused: int = 0
+    inputs_read_at: datetime | None = None
     resolution: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -107,6 +108,8 @@ def run_memory_build(
     result = BuildResult(mode=mode)
     lock_user(session, user.id)
 
+    # Taken before anything is read: a change stamped later may not be in this build.
+    result.inputs_read_at = session.scalar(select(func.clock_timestamp()))
     resolution = resolve_for_build(session, user)
     result.resolution = resolution.to_dict()
     fresh = fresh_chunks(extract(session, user.id, resolution.included_keys))

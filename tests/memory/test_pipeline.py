@@ -4,10 +4,10 @@ import pytest
 from sqlalchemy import select
 
 from dashboard.blinks.models import Blink
+from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryChunk
+from dashboard.memory.pipeline import preview_memory_build, run_memory_build
 from dashboard.orbitpilot.models import ProfileFact
-from dashboard.pipeline.build import preview_memory_build, run_memory_build
-from dashboard.pipeline.embedders import HashingEmbedder
 from dashboard.plans.models import SourceAssignment
 from dashboard.xmemo.models import Memory
 from tests.factories import (

@@ -1,0 +1,232 @@
+"""Build requests (§6). PostgreSQL, not Redis, is the source of truth.
+
+A request is a ``memory_builds`` row first. The partial unique index on queued rows makes
+fifty simultaneous requests one build (later ones merge; full wins over quick). The RQ job
+is pushed only after the requesting transaction commits; a rollback — of the whole
+transaction or of a savepoint the request was made in — pushes nothing, and a savepoint's
+rollback leaves the requests made outside it alone. The sweeper (``maintenance``) pushes
+requests whose job is gone (Redis was down).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import current_app, has_app_context
+from rq import Retry
+from sqlalchemy import case, event, func, or_, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session, SessionTransaction, scoped_session
+
+from dashboard.auth.models import User
+from dashboard.memory.models import BUILD_MODES, BUILD_TRIGGERS, MemoryBuild
+from dashboard.memory.queue import build_job_id, fanout_job_id, get_build_queue
+from dashboard.plans.models import Plan
+from dashboard.plans.services import users_of_plan
+
+log = logging.getLogger(__name__)
+
+_PENDING = "orbitpilot.pending_jobs"
+
+
+class BuildRequestError(ValueError):
+    """A build request refused for a reason the person asking should read."""
+
+
+class RateLimited(BuildRequestError):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(
+            f"Your memory was updated a moment ago; you can ask again in {retry_after} s."
+        )
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    build_id: int
+    merged: bool  # True: joined a build already queued for this user
+
+
+# -- requesting ---------------------------------------------------------------------------
+
+def _merge_mode(excluded_mode: Any) -> Any:
+    # Full wins over quick: a full rebuild does everything a quick update would.
+    return case(
+        (or_(MemoryBuild.mode == "full", excluded_mode == "full"), "full"), else_="quick"
+    )
+
+
+def _check(mode: str, trigger: str) -> None:
+    if mode not in BUILD_MODES:
+        raise BuildRequestError(f"mode must be one of {', '.join(BUILD_MODES)}")
+    if trigger not in BUILD_TRIGGERS:
+        raise BuildRequestError(f"trigger must be one of {', '.join(BUILD_TRIGGERS)}")
+
+
+def request_builds(
+    session: Session,
+    user_ids: Iterable[int],
+    *,
+    mode: str = "quick",
+    trigger: str = "user",
+    requested_by_id: int | None = None,
+) -> list[BuildRequest]:
+    """Record build requests for several users in one statement; each user's job is
+    pushed once the caller commits. A user with a build already queued merges into it."""
+    _check(mode, trigger)
+    ids = sorted(set(user_ids))
+    if not ids:
+        return []
+    stmt = pg_insert(MemoryBuild).values([
+        {"user_id": user_id, "mode": mode, "trigger": trigger, "status": "queued",
+         "requested_by_id": requested_by_id}
+        for user_id in ids
+    ])
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[MemoryBuild.user_id],
+        index_where=text("status = 'queued'"),
+        set_={"mode": _merge_mode(stmt.excluded.mode)},
+    ).returning(MemoryBuild.id, text("(xmax = 0) AS inserted"))
+    requests = []
+    for build_id, inserted in session.execute(stmt).all():
+        if inserted:
+            defer_job(session, ("build", build_id))
+        requests.append(BuildRequest(build_id, merged=not inserted))
+    return requests
+
+
+def request_build(
+    session: Session,
+    user_id: int,
+    *,
+    mode: str = "quick",
+    trigger: str = "user",
+    requested_by_id: int | None = None,
+) -> BuildRequest:
+    """Record a build request; the job is pushed once the caller commits."""
+    (request,) = request_builds(session, [user_id], mode=mode, trigger=trigger,
+                                requested_by_id=requested_by_id)
+    return request
+
+
+def request_user_update(
+    session: Session, user: User, *, mode: str = "quick", now: datetime | None = None,
+    min_interval: int | None = None,
+) -> BuildRequest:
+    """The user's own "update my memory now", at most once per interval."""
+    interval = min_interval if min_interval is not None else \
+        current_app.config["USER_BUILD_INTERVAL_SECONDS"]
+    now = now or datetime.now(UTC)
+    last = session.scalar(
+        select(func.max(MemoryBuild.created_at)).where(
+            MemoryBuild.user_id == user.id, MemoryBuild.trigger == "user",
+            MemoryBuild.requested_by_id == user.id,
+        )
+    )
+    if last is not None and (now - last).total_seconds() < interval:
+        raise RateLimited(max(1, int(interval - (now - last).total_seconds())))
+    return request_build(session, user.id, mode=mode, trigger="user", requested_by_id=user.id)
+
+
+def request_builds_for_plan(
+    session: Session, plan: Plan, *, mode: str = "quick", trigger: str = "admin",
+    requested_by_id: int | None = None, batch_size: int | None = None,
+) -> Iterator[int]:
+    """Fan out one request per active user of ``plan``, a batch at a time. Yields the
+    number requested in each batch; the caller commits after each (so jobs start flowing
+    before the whole plan is done, and no transaction holds thousands of rows)."""
+    batch_size = batch_size or current_app.config["BUILD_FANOUT_BATCH"]
+    after = 0
+    while True:
+        ids = session.scalars(
+            select(User.id).where(users_of_plan(plan.id, plan.is_default), User.active,
+                                  User.id > after)
+            .order_by(User.id).limit(batch_size)
+        ).all()
+        if not ids:
+            return
+        request_builds(session, ids, mode=mode, trigger=trigger,
+                       requested_by_id=requested_by_id)
+        after = ids[-1]
+        yield len(ids)
+
+
+def request_plan_fanout(session: Session, plan_id: int) -> None:
+    """Ask a worker to request builds for every user of a plan whose cap or assignments
+    changed; pushed after commit, so the admin's request never waits on thousands."""
+    defer_job(session, ("fanout", plan_id))
+
+
+# -- pushing to RQ after commit -------------------------------------------------------------
+# Each pending job remembers the (possibly nested) transaction that asked for it. A
+# rollback drops what that transaction and the savepoints inside it asked for, nothing
+# else; the outermost commit pushes what is left.
+
+def defer_job(session: Session | scoped_session, job: tuple[str, int]) -> None:
+    if isinstance(session, scoped_session):
+        session = session()
+    transaction = session.get_nested_transaction() or session.get_transaction()
+    session.info.setdefault(_PENDING, []).append((transaction, job))
+
+
+def _inside(transaction: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
+    while transaction is not None:
+        if transaction is ancestor:
+            return True
+        transaction = transaction.parent
+    return False
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _drop_rolled_back(session: Session, previous_transaction: SessionTransaction) -> None:
+    pending = session.info.get(_PENDING)
+    if pending:
+        pending[:] = [(t, job) for t, job in pending if not _inside(t, previous_transaction)]
+
+
+@event.listens_for(Session, "after_commit")
+def _push_after_commit(session: Session) -> None:
+    pending = session.info.pop(_PENDING, None)
+    if pending:
+        push_jobs([job for _, job in pending])
+
+
+def _enqueue_options(config: Any) -> dict[str, Any]:
+    return {
+        "job_timeout": config["BUILD_JOB_TIMEOUT"],
+        "retry": Retry(max=max(1, config["BUILD_MAX_ATTEMPTS"] - 1),
+                       interval=config["BUILD_RETRY_INTERVALS"]),
+        "result_ttl": 3600,
+        "failure_ttl": 7 * 24 * 3600,
+    }
+
+
+def push_jobs(jobs: list[tuple[str, int]]) -> int:
+    """Push build and fan-out jobs; ids only, never content. Returns how many were pushed.
+
+    A Redis failure is logged (without content) and left to the sweeper."""
+    if not jobs or not has_app_context():
+        return 0
+    options = _enqueue_options(current_app.config)
+    try:
+        queue = get_build_queue()
+        for kind, id_ in dict.fromkeys(jobs):
+            if kind == "build":
+                queue.enqueue("jobs.builds.run_build", id_, job_id=build_job_id(id_),
+                              description=f"memory build {id_}", **options)
+            else:
+                queue.enqueue("jobs.builds.fan_out_plan", id_, job_id=fanout_job_id(id_),
+                              description=f"plan {id_} build fan-out", **options)
+    except Exception as exc:  # Redis down, refused, timed out: the rows are safe in PostgreSQL
+        log.warning("build queue unavailable (%s); %d job(s) left for the sweeper",
+                    type(exc).__name__, len(jobs))
+        return 0
+    return len(jobs)
+
+
+def enqueue_build_jobs(build_ids: list[int]) -> int:
+    return push_jobs([("build", build_id) for build_id in build_ids])

@@ -1,0 +1,194 @@
+"""Running one build record (§6): claim it, run the swap, record the outcome.
+
+RQ's job status is never read to decide what a build's status is: the record is the truth,
+and every way a job can end (success, exception, retry, timeout, a killed work horse, a
+dead worker) leaves it ``succeeded``, ``failed`` or ``queued`` again, with the kind of
+failure and never content.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import suppress
+
+from flask import current_app
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
+from sqlalchemy.orm import Session
+
+from dashboard.auth.models import User
+from dashboard.extensions import db
+from dashboard.memory.embedders import Embedder, get_embedder
+from dashboard.memory.models import MemoryBuild
+from dashboard.memory.pipeline import BUILD_LOCK_NAMESPACE, BuildResult, run_memory_build
+from dashboard.memory.requests import BuildRequestError
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = (OperationalError, InterfaceError)
+DEAD_PREDECESSOR = "worker stopped before finishing (found still running by the next build)"
+
+
+def describe_error(exc: BaseException) -> str:
+    """A reason for the build record and staff pages: the kind of failure, never content
+    (exception messages can quote the data they choked on)."""
+    from rq.timeouts import JobTimeoutException
+
+    if isinstance(exc, JobTimeoutException):
+        return "timed out: the build ran longer than its job timeout"
+    if isinstance(exc, DBAPIError):
+        code = getattr(exc.orig, "sqlstate", None)
+        return f"database error {type(exc.orig).__name__}" + (f" (SQLSTATE {code})" if code
+                                                                  else "")
+    if isinstance(exc, BuildRequestError):
+        return str(exc)
+    return f"{type(exc).__name__} during the build"
+
+
+class Heartbeat:
+    """Stamps ``heartbeat_at`` from a thread with its own connection while a build runs."""
+
+    def __init__(self, engine: Engine, build_id: int, interval: float) -> None:
+        self.engine, self.build_id, self.interval = engine, build_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{build_id}",
+                                        daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(
+                        update(MemoryBuild)
+                        .where(MemoryBuild.id == self.build_id, MemoryBuild.status == "running")
+                        .values(heartbeat_at=func.clock_timestamp())
+                    )
+            except Exception as exc:
+                log.warning("heartbeat for build %s failed: %s", self.build_id,
+                            type(exc).__name__)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval + 5)
+
+
+def _finish(engine: Engine, build_id: int, *, reason: str, requeue: bool) -> str:
+    """Mark a build failed, or queued again for RQ's retry. Its own short transaction:
+    the build's connection may be the thing that broke."""
+    with engine.begin() as conn:
+        if requeue:
+            try:
+                with conn.begin_nested():
+                    conn.execute(
+                        update(MemoryBuild).where(MemoryBuild.id == build_id)
+                        .values(status="queued", error=reason, heartbeat_at=None)
+                    )
+                return "queued"
+            except IntegrityError:
+                # A newer request is already queued for this user; it will do the work.
+                reason = f"{reason}; superseded by a newer queued build"
+        conn.execute(
+            update(MemoryBuild)
+            .where(MemoryBuild.id == build_id, MemoryBuild.status.in_(("queued", "running")))
+            .values(status="failed", error=reason, finished_at=func.clock_timestamp())
+        )
+    return "failed"
+
+
+def fail_build(build_id: int, reason: str) -> None:
+    """Used by the worker when a job dies outside our code (killed work horse)."""
+    _finish(db.engine, build_id, reason=reason, requeue=False)
+
+
+def _claim(session: Session, build_id: int, user_id: int, embedder: Embedder):
+    """queued → running, under the user's lock. Holding that lock, no other build of this
+    user is alive: one still marked running lost its worker (whose lock died with its
+    connection), so it is failed here rather than blocking this claim on the one-running
+    index and spending this job's retries."""
+    session.execute(
+        update(MemoryBuild)
+        .where(MemoryBuild.user_id == user_id, MemoryBuild.status == "running",
+               MemoryBuild.id != build_id)
+        .values(status="failed", error=DEAD_PREDECESSOR, finished_at=func.clock_timestamp())
+    )
+    return session.execute(
+        update(MemoryBuild)
+        .where(MemoryBuild.id == build_id, MemoryBuild.status == "queued")
+        .values(status="running", started_at=func.clock_timestamp(),
+                heartbeat_at=func.clock_timestamp(), attempts=MemoryBuild.attempts + 1,
+                error=None, embedding_model=embedder.name)
+        .returning(MemoryBuild.mode, MemoryBuild.attempts)
+    ).first()
+
+
+def execute_build(build_id: int, *, embedder: Embedder | None = None) -> str:
+    """Claim and run one build record. Returns its final status for this attempt.
+
+    One connection carries the whole job, with a session-level advisory lock on the user
+    (a second worker picking a later build of the same user waits here, never
+    interleaves; a dead worker's lock dies with its connection). The claim commits on its
+    own, so "running" and the heartbeat are visible while the build's transaction, which
+    swaps the chunks and writes the counts, is still open."""
+    config = current_app.config
+    engine = db.engine
+    embedder = embedder or get_embedder(config["EMBEDDER"])
+    with engine.connect() as conn:
+        session = Session(bind=conn, expire_on_commit=False)
+        user_id = session.scalar(select(MemoryBuild.user_id).where(MemoryBuild.id == build_id))
+        if user_id is None:
+            return "missing"
+        session.execute(select(func.pg_advisory_lock(BUILD_LOCK_NAMESPACE, user_id)))
+        session.commit()
+        try:
+            claimed = _claim(session, build_id, user_id, embedder)
+            session.commit()
+            if claimed is None:
+                return "not-queued"
+            mode, attempts = claimed
+            with Heartbeat(engine, build_id, config["BUILD_HEARTBEAT_SECONDS"]):
+                try:
+                    user = session.get(User, user_id)
+                    result = run_memory_build(user, mode, session=session, embedder=embedder,
+                                              build_id=build_id)
+                    _record_success(session, build_id, result)
+                    session.commit()
+                    return "succeeded"
+                except BaseException as exc:
+                    _safe_rollback(session)
+                    retry = isinstance(exc, RETRYABLE) and attempts < config["BUILD_MAX_ATTEMPTS"]
+                    outcome = _finish(engine, build_id, reason=describe_error(exc),
+                                      requeue=retry)
+                    log.warning("build %s %s: %s", build_id, outcome, describe_error(exc))
+                    if outcome == "queued" or not isinstance(exc, Exception):
+                        raise  # RQ retries with backoff; or a signal/exit passes through
+                    return "failed"
+        finally:
+            # If the connection broke, its session-level lock went with it.
+            with suppress(Exception):
+                session.execute(select(func.pg_advisory_unlock(BUILD_LOCK_NAMESPACE, user_id)))
+                session.commit()
+            session.close()
+
+
+def _safe_rollback(session: Session) -> None:
+    # The connection may be what failed; marking the build failed uses another one.
+    with suppress(Exception):
+        session.rollback()
+
+
+def _record_success(session: Session, build_id: int, result: BuildResult) -> None:
+    session.execute(
+        update(MemoryBuild).where(MemoryBuild.id == build_id).values(
+            status="succeeded", finished_at=func.clock_timestamp(), error=None,
+            added=result.added, removed=result.removed, kept=result.kept,
+            embedded=result.embedded, reused=result.reused, resolution=result.resolution,
+            source_counts=result.per_source, timings=result.timings,
+            inputs_read_at=result.inputs_read_at,
+        )
+    )

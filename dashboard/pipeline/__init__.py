@@ -1,1 +1,0 @@
-"""The memory build pipeline: extract → chunk → hash → embed → swap (§6)."""
