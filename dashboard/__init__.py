@@ -29,7 +29,10 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     from dashboard.config import settings_from_env
 
     app.config.update(
-        SQLALCHEMY_ENGINE_OPTIONS={"pool_pre_ping": True},
+        # hide_parameters: no SQL parameter (content, a password hash) ever reaches an
+        # exception message, a log line or a page.
+        SQLALCHEMY_ENGINE_OPTIONS={"pool_pre_ping": True, "hide_parameters": True,
+                                   "connect_args": {"connect_timeout": 5}},
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Lax",
         WTF_CSRF_TIME_LIMIT=None,
@@ -50,33 +53,30 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
 
 def init_services(app: Flask) -> None:
-    """Point at PostgreSQL and Redis: the configured ones, or the embedded default."""
-    from dashboard.embedded import ensure_database, get_services
+    """Point at PostgreSQL and Redis: the configured ones, or the embedded default.
+
+    Nothing starts here: the embedded servers start on first use (a connection, a Redis
+    client, a request), so commands like ``flask services status`` touch nothing."""
+    from dashboard.database import normalise_database_url
+    from dashboard.embedded import OWNER_ROLE, EmbeddedBinding, get_services
 
     database_url = app.config.get("SQLALCHEMY_DATABASE_URI") or app.config["DATABASE_URL"]
+    owner_url = app.config.get("MIGRATIONS_DATABASE_URI") or app.config["DATABASE_OWNER_URL"] \
+        or database_url
     redis_url = app.config["REDIS_URL"]
     if not database_url or not redis_url:
         services = get_services(app.config["EMBEDDED_DIR"])
-        # Only what is not configured: an external PostgreSQL with the embedded Valkey
-        # (or the reverse) is a valid set-up.
-        urls = services.ensure(postgres=not database_url, redis=not redis_url)
+        urls = services.urls()
+        name = app.config["EMBEDDED_DATABASE"]
+        app.extensions["orbitpilot.embedded"] = EmbeddedBinding(
+            services, postgres=not database_url, redis=not redis_url, database=name)
         if not database_url:
-            ensure_database(urls.postgres_admin, app.config["EMBEDDED_DATABASE"])
-            database_url = urls.database_url(app.config["EMBEDDED_DATABASE"])
+            database_url = urls.database_url(name)
+            owner_url = urls.database_url(name, OWNER_ROLE)
         redis_url = redis_url or urls.redis
-        app.extensions["orbitpilot.embedded"] = services
     app.config["SQLALCHEMY_DATABASE_URI"] = normalise_database_url(database_url)
+    app.config["MIGRATIONS_DATABASE_URI"] = normalise_database_url(owner_url)
     app.config["REDIS_URL"] = redis_url
-
-
-def normalise_database_url(url: str) -> str:
-    """Accept the usual spellings and always use the psycopg 3 driver."""
-    for prefix in ("postgres://", "postgresql://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    if not url.startswith("postgresql+psycopg://"):
-        raise ValueError("DATABASE_URL must be a PostgreSQL URL (postgresql://...)")
-    return url
 
 
 def init_extensions(app: Flask) -> None:
@@ -86,6 +86,7 @@ def init_extensions(app: Flask) -> None:
 
     db.init_app(app)
     migrate.init_app(app, db, directory=str(PROJECT_ROOT / "migrations"))
+    _start_embedded_on_first_use(app)
     csrf.init_app(app)
     login_manager.init_app(app)
 
@@ -95,6 +96,22 @@ def init_extensions(app: Flask) -> None:
     login_manager.login_view = "auth.signin"
     login_manager.login_message = "Please sign in to see that page."
     login_manager.login_message_category = "info"
+
+
+def _start_embedded_on_first_use(app: Flask) -> None:
+    from sqlalchemy import event
+
+    from dashboard.embedded import ensure_started
+    from dashboard.extensions import db
+
+    binding = app.extensions.get("orbitpilot.embedded")
+    if binding is None:
+        return
+    if binding.postgres:
+        with app.app_context():
+            event.listen(db.engine, "do_connect", lambda *args: binding.ensure_started())
+    # First of the request hooks: the rate limiter's Redis client needs the server too.
+    app.before_request(lambda: ensure_started(app))
 
 
 def init_blueprints(app: Flask) -> None:

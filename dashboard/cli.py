@@ -26,20 +26,35 @@ def services_group() -> None:
 
 
 @services_group.command("status")
+@with_appcontext
 def services_status() -> None:
-    """Whether they run, and which processes hold them (starts nothing)."""
-    from dashboard.embedded import main
+    """Whether they answer, and which processes hold them (starts nothing)."""
+    import json
 
-    main(["status"])
+    click.echo(json.dumps(_embedded().status(), indent=2))
 
 
 @services_group.command("stop")
-@click.option("--if-unused", is_flag=True, help="only when no live process holds them")
-def services_stop(if_unused: bool) -> None:
+@click.option("--if-unused", is_flag=True, help="only when no other live process holds them")
+@click.option("--force", is_flag=True, help="even while other processes hold them")
+@with_appcontext
+def services_stop(if_unused: bool, force: bool) -> None:
     """Stop both embedded servers (starts nothing)."""
-    from dashboard.embedded import main
+    holders = _embedded().stop(force=force)
+    if holders:
+        message = (f"Still in use by processes {', '.join(map(str, holders))}; "
+                   "left running (--force stops them anyway).")
+        if if_unused:
+            click.echo(message)
+            return
+        raise click.ClickException(message)
+    click.echo("Embedded PostgreSQL and Valkey stopped.")
 
-    main(["stop", *(["--if-unused"] if if_unused else [])])
+
+def _embedded():
+    from dashboard.embedded import get_services
+
+    return get_services(current_app.config["EMBEDDED_DIR"])
 
 
 def _fail(message: str) -> None:
@@ -104,15 +119,13 @@ def set_role_command(email: str, role: str) -> None:
 @with_appcontext
 def seed_demo_command(password: str | None) -> None:
     """Demo plans (Free, Plus, Team), users on each, support and admin accounts."""
-    from dashboard.demo import DEMO_PASSWORD, seed_demo
+    from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 
     password = password or DEMO_PASSWORD
     seeded = seed_demo(db.session, password)
     db.session.commit()
-    click.echo(f"Demo accounts (password for all: {password}):")
-    for user in seeded:
-        state = "created" if user.created else "exists"
-        click.echo(f"  {user.role:<8} {user.plan:<5} {user.email}  [{state}]")
+    for line in describe_seeded(seeded, password):
+        click.echo(line)
 
 
 @click.command("worker")

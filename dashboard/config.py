@@ -39,8 +39,10 @@ def _instance_secret_key(instance_path: Path) -> str:
 
 def settings_from_env(instance_path: Path) -> dict[str, Any]:
     return {
-        # PostgreSQL (with pgvector). Unset: the embedded server under instance/.
+        # PostgreSQL (with pgvector), as the app role. Unset: the embedded server.
         "DATABASE_URL": _env("DATABASE_URL", None),
+        # The same database as its owner, for migrations. Unset: DATABASE_URL.
+        "DATABASE_OWNER_URL": _env("DATABASE_OWNER_URL", None),
         # Redis for RQ. Unset: the embedded Valkey server under instance/.
         "REDIS_URL": _env("REDIS_URL", None),
         # Signs sessions and CSRF tokens. Unset: generated once into instance/secret_key.

@@ -78,6 +78,15 @@ def seed_demo(session: Session, password: str = DEMO_PASSWORD) -> list[SeededUse
     return seeded
 
 
+def describe_seeded(seeded: list[SeededUser], password: str) -> list[str]:
+    """The lines the run command and ``flask seed-demo`` print for the person at the
+    keyboard (a demo-only password)."""
+    return [f"Demo accounts (password for all: {password}):"] + [
+        f"  {user.role:<8} {user.plan:<5} {user.email}  [{'created' if user.created else 'exists'}]"
+        for user in seeded
+    ]
+
+
 def _seed_content(session: Session, user: User) -> None:
     first = user.display_name.split()[0]
     session.add_all([

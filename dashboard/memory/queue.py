@@ -8,7 +8,10 @@ from rq import Queue
 
 
 def get_redis(app: Flask | None = None) -> Redis:
+    from dashboard.embedded import ensure_started
+
     app = app or current_app
+    ensure_started(app)
     client = app.extensions.get("orbitpilot.redis")
     if client is None:
         # Short timeouts: a Redis outage must fail a request's enqueue fast (the sweeper

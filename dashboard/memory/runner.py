@@ -106,6 +106,18 @@ def fail_build(build_id: int, reason: str) -> None:
     _finish(db.engine, build_id, reason=reason, requeue=False)
 
 
+def abandon_build(build_id: int, reason: str) -> bool:
+    """A worker stopping mid-build (shut down, its work horse killed) records the build
+    failed at once instead of leaving it to the sweeper. Only a running build: one that
+    went back to the queue for a retry stays queued."""
+    with db.engine.begin() as conn:
+        return conn.execute(
+            update(MemoryBuild)
+            .where(MemoryBuild.id == build_id, MemoryBuild.status == "running")
+            .values(status="failed", error=reason, finished_at=func.clock_timestamp())
+        ).rowcount == 1
+
+
 def _claim(session: Session, build_id: int, user_id: int, embedder: Embedder):
     """queued → running, under the user's lock. Holding that lock, no other build of this
     user is alive: one still marked running lost its worker (whose lock died with its

@@ -397,4 +397,12 @@ def downgrade():
 
     op.drop_table('audit_events')
     op.drop_table('audit_checkpoints')
-    op.execute("DROP EXTENSION IF EXISTS vector")
+    # Only if the migrating role owns it: an extension an administrator created first
+    # (the embedded default does, as an external set-up would) is theirs to remove.
+    op.execute("""
+        DO $$ BEGIN
+            IF EXISTS (SELECT 1 FROM pg_extension
+                        WHERE extname = 'vector' AND pg_has_role(extowner, 'USAGE')) THEN
+                DROP EXTENSION vector;
+            END IF;
+        END $$""")

@@ -1,24 +1,71 @@
-"""The audit table refuses UPDATE, DELETE and TRUNCATE at the database level (§8)."""
+"""The audit log is append-only at the database level (§8): the app's own role may only
+read and append, and cannot switch the guard off; the owner is stopped by triggers."""
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DBAPIError
 
-
-def insert_event(db_session, seq: int) -> None:
-    db_session.execute(text(
-        "INSERT INTO audit_events (seq, action, actor_type, details, prev_hash, hash) "
-        "VALUES (:seq, 'test', 'system', '{}'::jsonb, :prev, :hash)"
-    ), {"seq": seq, "prev": "0" * 64, "hash": f"{seq:064d}"})
-
-
-@pytest.mark.parametrize("statement", [
+EVENT = ("INSERT INTO audit_events (seq, action, actor_type, details, prev_hash, hash) "
+         "VALUES (:seq, 'test', 'system', '{}'::jsonb, :prev, :hash)")
+CHANGES = [
     "UPDATE audit_events SET action = 'tampered'",
     "DELETE FROM audit_events",
     "TRUNCATE audit_events",
-])
-def test_audit_events_refuse_changes(db_session, statement):
+]
+
+
+def insert_event(conn, seq: int) -> None:
+    conn.execute(text(EVENT), {"seq": seq, "prev": "0" * 64, "hash": f"{seq:064d}"})
+
+
+@pytest.fixture
+def owner_conn(app):
+    """A connection as the owner role (the one migrations run as), rolled back after."""
+    engine = create_engine(app.config["MIGRATIONS_DATABASE_URI"])
+    with engine.connect() as conn:
+        transaction = conn.begin()
+        yield conn
+        transaction.rollback()
+    engine.dispose()
+
+
+@pytest.mark.parametrize("statement", CHANGES)
+def test_the_app_role_may_not_change_audit_events(db_session, statement):
     insert_event(db_session, 1)
-    with pytest.raises(DBAPIError, match="append-only"), db_session.begin_nested():
+    with pytest.raises(DBAPIError, match="permission denied for table audit_events"), \
+            db_session.begin_nested():
         db_session.execute(text(statement))
     assert db_session.scalar(text("SELECT count(*) FROM audit_events")) == 1
+
+
+@pytest.mark.parametrize("statement", [
+    "ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_update_delete",
+    "ALTER TABLE audit_events DISABLE TRIGGER ALL",
+    "DROP TRIGGER audit_events_no_update_delete ON audit_events",
+    "SET session_replication_role = replica",
+])
+def test_the_app_role_cannot_switch_the_guard_off(db_session, statement):
+    with pytest.raises(DBAPIError, match="must be owner|permission denied"), \
+            db_session.begin_nested():
+        db_session.execute(text(statement))
+
+
+def test_the_app_role_owns_nothing_and_holds_no_special_powers(db_session):
+    me = db_session.scalar(text("SELECT current_user"))
+    owned = db_session.scalar(text(
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND pg_get_userbyid(c.relowner) = current_user"))
+    powers = db_session.execute(text(
+        "SELECT rolsuper, rolcreatedb, rolcreaterole, rolbypassrls FROM pg_roles "
+        "WHERE rolname = current_user")).one()
+    assert me == "orbitpilot_app"
+    assert owned == 0
+    assert tuple(powers) == (False, False, False, False)
+
+
+@pytest.mark.parametrize("statement", CHANGES)
+def test_even_the_owner_is_refused_by_the_triggers(owner_conn, statement):
+    insert_event(owner_conn, 1)
+    with pytest.raises(DBAPIError, match="append-only"), owner_conn.begin_nested():
+        owner_conn.execute(text(statement))
+    assert owner_conn.scalar(text("SELECT count(*) FROM audit_events")) == 1

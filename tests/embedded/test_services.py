@@ -1,22 +1,40 @@
 """The embedded default (§2): real servers, shared between processes, data kept across
-restarts, stopped by the last process that used them. Uses its own folder so the suite's
-own servers are not disturbed."""
+restarts, stopped by the last process that used them, and safe to kill at any moment.
+Each test uses folders of its own, so the suite's own servers are not disturbed."""
 
+from __future__ import annotations
+
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import psycopg
+import pytest
 import redis
 
-from dashboard.embedded import EmbeddedServices, ensure_database
+from dashboard.embedded import (
+    EmbeddedError,
+    EmbeddedServices,
+    ensure_database,
+)
+from tests.embedded.procs import CpuLoad, servers_of, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_python(code: str) -> str:
+def run_python(code: str, timeout: float = 180, **env: str) -> str:
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+                            text=True, timeout=timeout, cwd=ROOT, env={**os.environ, **env})
+    assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.strip()
+
+
+def superuser(services: EmbeddedServices, database: str) -> str:
+    return psycopg.conninfo.make_conninfo(services.urls().postgres_admin, dbname=database)
 
 
 def test_second_process_reuses_running_servers_and_last_holder_stops_them(tmp_path):
@@ -25,11 +43,9 @@ def test_second_process_reuses_running_servers_and_last_holder_stops_them(tmp_pa
     urls = services.ensure()
     try:
         ensure_database(urls.postgres_admin, "shared")
-        with psycopg.connect(urls.database_url("shared").replace("+psycopg", ""),
-                             autocommit=True) as conn:
+        with psycopg.connect(superuser(services, "shared"), autocommit=True) as conn:
             conn.execute("CREATE TABLE t (v text)")
             conn.execute("INSERT INTO t VALUES ('from the first process')")
-            first_pid = conn.execute("SELECT pg_backend_pid()").fetchone()  # noqa: F841
             postmaster = conn.execute(
                 "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'"
             ).fetchone()[0]
@@ -37,11 +53,12 @@ def test_second_process_reuses_running_servers_and_last_holder_stops_them(tmp_pa
 
         # A second process (a worker, a CLI command) finds them running and reuses them.
         out = run_python(f"""
-            import psycopg, redis
+            import psycopg, psycopg.conninfo, redis
             from dashboard.embedded import EmbeddedServices
             s = EmbeddedServices({str(root)!r})
             u = s.ensure()
-            with psycopg.connect(u.database_url("shared").replace("+psycopg", "")) as c:
+            dsn = psycopg.conninfo.make_conninfo(u.postgres_admin, dbname="shared")
+            with psycopg.connect(dsn) as c:
                 print(c.execute("SELECT v FROM t").fetchone()[0])
                 print(c.execute("SELECT pid FROM pg_stat_activity "
                                 "WHERE backend_type = 'checkpointer'").fetchone()[0])
@@ -49,51 +66,268 @@ def test_second_process_reuses_running_servers_and_last_holder_stops_them(tmp_pa
         """).splitlines()
         assert out == ["from the first process", str(postmaster), "v1"]
         # The child exited; we still hold them, so they still run.
-        assert services.status()["postgres"] and services.status()["valkey"]
+        status = services.status()
+        assert (status["postgres"], status["valkey"]) == ("running", "running")
     finally:
         services.release()
-    # We were the last holder: both stopped cleanly.
-    assert services.status() == {"postgres": False, "valkey": False, "holders": [],
-                                 "root": str(root.resolve())}
+    # We were the last holder: both stopped cleanly, nothing of them left.
+    status = services.status()
+    assert (status["postgres"], status["valkey"], status["holders"]) == \
+        ("stopped", "stopped", [])
+    assert servers_of(root) == []
 
 
 def test_stop_and_start_again_keeps_the_data(tmp_path):
-    root = tmp_path / "services"
-    services = EmbeddedServices(root)
+    services = EmbeddedServices(tmp_path / "services")
     urls = services.ensure()
     ensure_database(urls.postgres_admin, "keep")
-    dsn = urls.database_url("keep").replace("+psycopg", "")
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    with psycopg.connect(superuser(services, "keep"), autocommit=True) as conn:
         conn.execute("CREATE TABLE kept (v vector(3))")
         conn.execute("INSERT INTO kept VALUES ('[1,2,3]')")
     redis.Redis.from_url(urls.redis).set("kept", "yes")
-    services.stop()
-    assert not services.status()["postgres"]
+    assert services.stop() == []
+    assert services.status()["postgres"] == "stopped"
 
     urls = services.ensure()
     try:
-        with psycopg.connect(urls.database_url("keep").replace("+psycopg", "")) as conn:
+        with psycopg.connect(superuser(services, "keep")) as conn:
             assert conn.execute("SELECT v::text FROM kept").fetchone()[0] == "[1,2,3]"
         assert redis.Redis.from_url(urls.redis).get("kept") == b"yes"
     finally:
         services.release()
 
 
-def test_a_killed_holder_does_not_keep_the_servers_up(tmp_path):
+def test_a_killed_holder_is_pruned_and_does_not_keep_the_servers_up(tmp_path):
     root = tmp_path / "services"
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import sys, time
+        import time
         from dashboard.embedded import EmbeddedServices
         EmbeddedServices({str(root)!r}).ensure()
         print("up", flush=True)
-        time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "up"
+    services = EmbeddedServices(root)
+    assert services.holders() == [proc.pid]
     proc.kill()
     proc.wait()
+    assert services.holders() == []  # the dead pid is pruned
+    services.ensure()
+    assert services.holders() == [os.getpid()]
+    services.release()
+    assert services.status()["postgres"] == "stopped"
+    assert servers_of(root) == []
+
+
+def test_stop_refuses_while_another_process_holds_them_unless_forced(tmp_path):
+    root = tmp_path / "services"
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from dashboard.embedded import EmbeddedServices
+        EmbeddedServices({str(root)!r}).ensure()
+        print("up", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout.readline().strip() == "up"
+        services = EmbeddedServices(root)
+        assert services.stop() == [proc.pid]
+        assert services.status()["postgres"] == "running"
+        assert services.stop(force=True) == []
+        assert services.status()["postgres"] == "stopped"
+        assert services.status()["valkey"] == "stopped"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_services_commands_start_nothing_and_tell_the_truth(tmp_path):
+    env = {"ORBITPILOT_INSTANCE": str(tmp_path / "instance"), "FLASK_APP": "wsgi.py"}
+    env.pop("DATABASE_URL", None)
+    out = run_python("""
+        from flask.cli import main
+        import sys
+        sys.argv = ["flask", "services", "status"]
+        main()
+    """, **env)
+    assert '"postgres": "stopped"' in out and '"valkey": "stopped"' in out
+    services_root = tmp_path / "instance" / "services"
+    assert not (services_root / "pgdata").exists()  # no initdb, no server
+    assert servers_of(services_root) == []
+
+    # With a holder alive, `stop` refuses and says who holds them; --force stops them.
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from dashboard.embedded import EmbeddedServices
+        EmbeddedServices({str(services_root)!r}).ensure()
+        print("up", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "up"
+        refused = subprocess.run([sys.executable, "-m", "flask", "services", "stop"],
+                                 capture_output=True, text=True, cwd=ROOT,
+                                 env={**os.environ, **env}, timeout=120)
+        assert refused.returncode == 1
+        assert f"Still in use by processes {holder.pid}" in refused.stderr
+        assert "Traceback" not in refused.stderr
+        status = run_python("""
+            from flask.cli import main
+            import sys
+            sys.argv = ["flask", "services", "status"]
+            main()
+        """, **env)
+        assert '"postgres": "running"' in status and str(holder.pid) in status
+        forced = subprocess.run([sys.executable, "-m", "flask", "services", "stop", "--force"],
+                                capture_output=True, text=True, cwd=ROOT,
+                                env={**os.environ, **env}, timeout=120)
+        assert forced.returncode == 0, forced.stderr
+        assert servers_of(services_root) == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_twenty_first_starts_in_fresh_folders_on_a_loaded_machine(tmp_path):
+    """The first run of a fresh clone: app, embedded servers, migrations, a real query —
+    twenty times, four at a time, while another process keeps both cores busy."""
+    script = textwrap.dedent("""
+        import sys
+        from flask_migrate import upgrade
+        from sqlalchemy import text
+        from dashboard import create_app
+        from dashboard.extensions import db
+        app = create_app({"INSTANCE_PATH": sys.argv[1]})
+        with app.app_context():
+            upgrade()
+            print(db.session.scalar(text("SELECT name FROM plans WHERE is_default")))
+    """)
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    roots = [tmp_path / f"clone-{i:02d}" for i in range(20)]
+    with CpuLoad(processes=2):
+        for start in range(0, len(roots), 4):
+            batch = [subprocess.Popen([sys.executable, "-c", script, str(root)], cwd=ROOT,
+                                      env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+                     for root in roots[start:start + 4]]
+            for proc, root in zip(batch, roots[start:start + 4], strict=True):
+                out, err = proc.communicate(timeout=300)
+                assert proc.returncode == 0, f"{root.name}: {err[-2000:]}"
+                assert out.strip().splitlines()[-1] == "Free", root.name
+    for root in roots:
+        # Every start also stopped: the process that started them was their last holder.
+        assert servers_of(root / "services") == [], root.name
+
+
+def test_sigkill_during_initdb_then_a_clean_start(tmp_path):
+    root = tmp_path / "services"
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from dashboard.embedded import EmbeddedServices
+        EmbeddedServices({str(root)!r}).ensure()
+    """)], cwd=ROOT)
+    try:
+        assert wait_until(lambda: any(root.glob("pgdata.init-*/PG_VERSION")), timeout=60), \
+            "initdb never started"
+        assert not (root / "pgdata").exists()  # killed while initdb is at work
+        proc.kill()
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # The kernel stopped initdb with its parent: nothing writes into the staging folder.
+    assert wait_until(lambda: servers_of(root, "initdb") == [], timeout=10)
+
     services = EmbeddedServices(root)
     services.ensure()
-    assert services.holders() == [__import__("os").getpid()]
+    try:
+        ensure_database(services.urls().postgres_admin, "after")
+        with psycopg.connect(superuser(services, "after")) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert list(root.glob("pgdata.init-*")) == []
+    finally:
+        services.release()
+
+
+def test_an_unfinished_data_folder_is_made_again(tmp_path):
+    root = tmp_path / "services"
+    pgdata = root / "pgdata"
+    (pgdata / "base" / "1").mkdir(parents=True)  # what a killed initdb of old left behind
+    (pgdata / "PG_VERSION").write_text("18\n")
+    services = EmbeddedServices(root)
+    services.ensure()
+    try:
+        with psycopg.connect(superuser(services, "postgres")) as conn:
+            assert conn.execute("SELECT current_database()").fetchone() == ("postgres",)
+    finally:
+        services.release()
+
+
+def test_a_broken_data_folder_that_holds_databases_is_set_aside_never_deleted(tmp_path):
+    root = tmp_path / "services"
+    pgdata = root / "pgdata"
+    (pgdata / "base" / "16384").mkdir(parents=True)
+    (pgdata / "base" / "16384" / "1259").write_text("someone's data")
+    (pgdata / "PG_VERSION").write_text("18\n")
+    services = EmbeddedServices(root)
+    with pytest.raises(EmbeddedError, match="was moved to .*pgdata.set-aside-") as refused:
+        services.ensure()
+    (aside,) = root.glob("pgdata.set-aside-*")
+    assert str(aside) in str(refused.value)
+    assert (aside / "base" / "16384" / "1259").read_text() == "someone's data"
+    assert servers_of(root) == []
+    services.ensure()  # the next start makes a new cluster beside it
     services.release()
-    assert not services.status()["postgres"]
+    assert (aside / "base" / "16384" / "1259").exists()
+
+
+def test_a_checkout_in_a_deep_folder_works(tmp_path):
+    deep = tmp_path
+    while len(str(deep / "services" / "run" / "valkey.sock")) <= 140:
+        deep = deep / "a-rather-long-folder-name"
+    services = EmbeddedServices(deep / "services")
+    urls = services.ensure()
+    try:
+        assert len(os.fsencode(urls.socket_dir)) < 60
+        assert redis.Redis.from_url(urls.redis).ping()
+        with psycopg.connect(superuser(services, "postgres")) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        services.release()
+    assert servers_of(deep / "services") == []
+
+
+def test_a_server_that_fails_to_start_does_not_leave_the_other_running(tmp_path):
+    class NoValkey(EmbeddedServices):
+        def _ensure_valkey(self) -> bool:
+            raise EmbeddedError("embedded Valkey did not start")
+
+    root = tmp_path / "services"
+    services = NoValkey(root)
+    with pytest.raises(EmbeddedError, match="Valkey did not start"):
+        services.ensure()
+    assert services.status()["postgres"] == "stopped"
+    assert servers_of(root) == []
+    assert services.holders() == []
+
+
+def test_sigint_to_a_holder_during_start_leaves_nothing_behind(tmp_path):
+    root = tmp_path / "services"
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from dashboard.embedded import EmbeddedServices
+        s = EmbeddedServices({str(root)!r})
+        try:
+            s.ensure()
+            time.sleep(120)
+        finally:
+            s.release()
+    """)], cwd=ROOT)
+    assert wait_until(lambda: (root / "pgdata").exists() or any(root.glob("pgdata.init-*")),
+                      timeout=60)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert wait_until(lambda: servers_of(root) == [], timeout=15)
+    services = EmbeddedServices(root)
+    services.ensure()
+    services.release()

@@ -1,0 +1,171 @@
+"""``python -m dashboard.supervisor``: the one process behind ``scripts/run``.
+
+It holds the embedded servers for the whole run (when DATABASE_URL / REDIS_URL leave them
+in use), migrates, seeds the demo data, then runs the web server (gunicorn) and a build
+worker as its children and watches them. Whatever ends the run — Ctrl+C, SIGTERM, a
+child that dies — it stops the children (SIGTERM, then SIGKILL to what is left after a
+grace period, work horses included) and then releases the servers, so when the command
+returns nothing it started is left running.
+
+Children run in sessions of their own, so a terminal's Ctrl+C reaches only this process,
+which shuts them down in order; and each is told by the kernel to stop if this process is
+killed outright (PR_SET_PDEATHSIG), so even ``kill -9`` leaves no web server on the port.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import suppress
+
+GRACE_SECONDS = 8.0
+
+
+def _say(message: str) -> None:
+    print(f"==> {message}", flush=True)
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    from dashboard.embedded import die_with_parent
+
+    parent = os.getpid()
+    return subprocess.Popen(args, start_new_session=True,
+                            preexec_fn=lambda: die_with_parent(parent))
+
+
+def _tree(process: subprocess.Popen) -> list:
+    """The child and every process under it (gunicorn workers, RQ work horses)."""
+    import psutil
+
+    try:
+        root = psutil.Process(process.pid)
+        return [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop_children(children: list[subprocess.Popen], grace: float = GRACE_SECONDS,
+                  hurry=lambda: False) -> None:
+    """SIGTERM each child (a warm stop: the worker finishes its build); half-way through
+    ``grace`` a second SIGTERM (a cold stop: the worker ends its build and records it
+    failed); what still runs after ``grace``, or once ``hurry()`` says so (a second
+    Ctrl+C), is killed with its whole tree."""
+
+    def wait(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not hurry() \
+                and any(c.poll() is None for c in children):
+            time.sleep(0.1)
+
+    def terminate() -> None:
+        for child in children:
+            if child.poll() is None:
+                with suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
+
+    terminate()
+    wait(grace / 2)
+    terminate()
+    wait(grace / 2)
+    for child in children:
+        if child.poll() is None:
+            for process in _tree(child):
+                with suppress(Exception):
+                    process.kill()
+        with suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=10)
+
+
+class _Stop(Exception):
+    pass
+
+
+def main() -> int:
+    host = os.environ.get("HOST", "127.0.0.1")
+    port = os.environ.get("PORT", "5000")
+    web_workers = os.environ.get("WEB_WORKERS", "2")
+    requests: list[int] = []
+    state = {"stopping": False}
+
+    def on_signal(signum, frame):  # noqa: ARG001
+        requests.append(signum)
+        if not state["stopping"]:
+            raise _Stop  # leaves whatever set-up step is running; the finally cleans up
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+
+    from dashboard import create_app
+
+    app = create_app()
+    binding = app.extensions.get("orbitpilot.embedded")
+    children: list[subprocess.Popen] = []
+    status = 0
+    try:
+        if binding is not None:
+            _say(f"starting the embedded servers under {binding.services.root}")
+            binding.ensure_started()
+        _say("migrating")
+        _migrate(app)
+        _say("demo data")
+        _seed(app)
+        _say("worker")
+        children.append(_spawn([sys.executable, "-m", "flask", "worker"]))
+        _say(f"web on http://{host}:{port}")
+        children.append(_spawn([
+            sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}",
+            "--workers", web_workers, "--threads", "4", "--graceful-timeout", "5",
+            "--access-logfile", "-", "--no-control-socket", "wsgi:app",
+        ]))
+        while True:
+            for child in children:
+                if child.poll() is not None:
+                    _say(f"{'worker' if child is children[0] else 'web server'} exited "
+                         f"({child.returncode}); stopping")
+                    status = child.returncode or 1
+                    raise _Stop
+            time.sleep(0.2)
+    except _Stop:
+        pass
+    except Exception as exc:
+        # A clear line, never a traceback of someone else's library for a start-up error.
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        state["stopping"] = True  # from here a signal only shortens the grace period
+        _say("stopping")
+        stop_children(children, grace=GRACE_SECONDS, hurry=lambda: len(requests) > 1)
+        if binding is not None:
+            binding.services.release()
+            left = binding.services.holders()
+            if left:
+                _say(f"embedded servers left running for processes {left}")
+        _say("stopped")
+    return status
+
+
+def _migrate(app) -> None:
+    from flask_migrate import upgrade
+
+    with app.app_context():
+        upgrade()
+
+
+def _seed(app) -> None:
+    from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
+    from dashboard.extensions import db
+
+    with app.app_context():
+        seeded = seed_demo(db.session, DEMO_PASSWORD)
+        db.session.commit()
+        for line in describe_seeded(seeded, DEMO_PASSWORD):
+            print(line, flush=True)
+        db.session.remove()
+        db.engine.dispose()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
