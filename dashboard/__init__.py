@@ -44,6 +44,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     init_services(app)
     init_extensions(app)
+    init_security(app)
     init_blueprints(app)
     init_admin(app)
     init_cli(app)
@@ -99,6 +100,7 @@ def init_extensions(app: Flask) -> None:
 
 
 def _start_embedded_on_first_use(app: Flask) -> None:
+    from flask import request
     from sqlalchemy import event
 
     from dashboard.embedded import ensure_started
@@ -110,8 +112,19 @@ def _start_embedded_on_first_use(app: Flask) -> None:
     if binding.postgres:
         with app.app_context():
             event.listen(db.engine, "do_connect", lambda *args: binding.ensure_started())
+    def ensure_or_unavailable() -> None:
+        # The health check reports an outage itself, as JSON.
+        if request.endpoint != "main.healthz":
+            ensure_started(app)
+
     # First of the request hooks: the rate limiter's Redis client needs the server too.
-    app.before_request(lambda: ensure_started(app))
+    app.before_request(ensure_or_unavailable)
+
+
+def init_security(app: Flask) -> None:
+    from dashboard.security import init_security as _init_security
+
+    _init_security(app)
 
 
 def init_blueprints(app: Flask) -> None:

@@ -61,6 +61,11 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
         # Minimum password length at sign-up.
         "PASSWORD_MIN_LENGTH": _env("PASSWORD_MIN_LENGTH", 10, int),
+        # Failed sign-ins allowed per account and per client address (limits syntax).
+        "SIGNIN_LIMIT_PER_ACCOUNT": _env("SIGNIN_LIMIT_PER_ACCOUNT", "5/minute;20/hour"),
+        "SIGNIN_LIMIT_PER_CLIENT": _env("SIGNIN_LIMIT_PER_CLIENT", "20/minute;100/hour"),
+        # Largest request body accepted (bytes); bigger ones get a clear 413.
+        "MAX_CONTENT_LENGTH": _env("MAX_CONTENT_LENGTH", 10 * 1024 * 1024, int),
         **build_settings(),
     }
 

@@ -26,7 +26,70 @@ def problem(status: int, title: str, detail: str):
     return response
 
 
+UNAVAILABLE = ("OrbitPilot cannot reach its database or queue right now. Nothing was "
+               "changed; try again in a minute.")
+NOT_VALID = "A value in this request is not valid here (a number out of range, say)."
+TOO_MANY = "Too many attempts. Please wait {wait} and try again."
+
+
+def _rollback() -> None:
+    from dashboard.extensions import db
+
+    try:
+        db.session.rollback()
+    except Exception as exc:  # the connection may be what failed
+        log.warning("rollback after an error failed: %s", type(exc).__name__)
+
+
+def _wait_words(seconds: int) -> str:
+    if seconds >= 90:
+        minutes = round(seconds / 60)
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+def _page(code: int, title: str, detail: str):
+    if wants_json():
+        return problem(code, title, detail)
+    return render_template("error.html", code=code, title=title, detail=detail), code
+
+
 def register_error_handlers(app: Flask) -> None:
+    from flask_limiter.errors import RateLimitExceeded
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from sqlalchemy.exc import DataError, InterfaceError, OperationalError
+
+    from dashboard.embedded import EmbeddedError
+
+    @app.errorhandler(RateLimitExceeded)
+    def too_many(exc: RateLimitExceeded):
+        import time
+
+        from dashboard.extensions import limiter
+
+        current = limiter.current_limit
+        wait = max(1, int(current.reset_at - time.time())) if current else 60
+        return _page(429, "Too many attempts", TOO_MANY.format(wait=_wait_words(wait)))
+
+    @app.errorhandler(DataError)
+    def data_error(exc: DataError):
+        # Bad input that reached the database (a 2^64 id, say): the kind goes to the log,
+        # never the statement or its parameters.
+        _rollback()
+        log.info("refused input the database could not take: %s on %s %s",
+                 type(exc.orig).__name__, request.method, request.path)
+        return _page(400, "Bad Request", NOT_VALID)
+
+    @app.errorhandler(OperationalError)
+    @app.errorhandler(InterfaceError)
+    @app.errorhandler(EmbeddedError)
+    @app.errorhandler(RedisConnectionError)
+    def unavailable(exc: Exception):
+        _rollback()
+        log.error("service unavailable: %s on %s %s", type(exc).__name__, request.method,
+                  request.path)
+        return _page(503, "Service Unavailable", UNAVAILABLE)
+
     @app.errorhandler(CSRFError)
     def csrf_error(exc: CSRFError):
         detail = "The form expired or was sent without its security token. Reload and try again."

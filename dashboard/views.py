@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from flask import Blueprint, jsonify, render_template
 from flask_login import current_user
 from sqlalchemy import text
@@ -10,6 +12,7 @@ from dashboard.extensions import db
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import resolve_build_sources
 
+log = logging.getLogger(__name__)
 bp = Blueprint("main", __name__)
 
 
@@ -23,8 +26,37 @@ def index():
     return render_template("index.html", resolution=resolution, rows=rows)
 
 
+def _check(probe) -> str:
+    """"ok", or the kind of failure (never its message: it can carry a URL)."""
+    try:
+        probe()
+        return "ok"
+    except Exception as exc:
+        log.warning("health check failed: %s", type(exc).__name__)
+        return f"unavailable ({type(exc).__name__})"
+
+
+def _postgres() -> None:
+    try:
+        db.session.execute(text("SELECT 1"))
+    finally:
+        db.session.rollback()
+
+
+def _redis() -> None:
+    from dashboard.memory.queue import get_redis
+
+    if not get_redis().ping():
+        raise ConnectionError("no PONG")
+
+
 @bp.route("/healthz")
 def healthz():
-    """Liveness for load balancers: the database answers."""
-    db.session.execute(text("SELECT 1"))
-    return jsonify(status="ok")
+    """For load balancers and people: each component answers, or 503 naming the ones
+    that do not."""
+    components = {"postgres": _check(_postgres), "redis": _check(_redis)}
+    down = [name for name, state in components.items() if state != "ok"]
+    body = {"status": "ok" if not down else "unavailable", "components": components}
+    if down:
+        body["unavailable"] = down
+    return jsonify(body), 503 if down else 200

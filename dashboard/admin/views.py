@@ -1,20 +1,38 @@
-"""Flask-Admin: thin configuration over services. One ``StaffModelView`` base checks roles."""
+"""Flask-Admin: thin configuration over services. One ``StaffModelView`` base checks roles,
+refuses malformed ids, pages and filters with a 4xx, and turns every save error into a
+field error or a plain sentence — never exception text (which can quote SQL and its
+parameters). Writes go through the domain services, never ``form.populate_obj``."""
 
 from __future__ import annotations
 
+import logging
+import re
+import uuid
 from typing import Any
 
 from flask import Flask, abort, flash, redirect, request, url_for
 from flask_admin import Admin, AdminIndexView, expose
 from flask_admin.actions import action
 from flask_admin.contrib.sqla import ModelView
+from flask_admin.model.base import ViewArgs
 from flask_admin.theme import Bootstrap4Theme
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from flask_wtf.form import _Auto
-from sqlalchemy import select
+from sqlalchemy import BigInteger, Integer, select
+from sqlalchemy import inspect as sa_inspect
+from sqlalchemy.exc import SQLAlchemyError
+from wtforms import SelectField
 
+from dashboard.auth.models import ROLES
 from dashboard.extensions import db
+
+log = logging.getLogger(__name__)
+
+SAVE_FAILED = "That change could not be saved, and nothing was changed. Try again."
+MAX_PAGE = 1_000_000
+_INT_LIMITS = {Integer: 2**31 - 1, BigInteger: 2**63 - 1}
+_DIGITS = re.compile(r"^[0-9]{1,19}$")
 
 
 class _RoleGate:
@@ -46,11 +64,89 @@ class StaffForm(FlaskForm):
         super().__init__(formdata=formdata, obj=obj, **kwargs)
 
 
+def parse_key(model: type, raw: Any) -> Any:
+    """The primary key ``raw`` names, or ``None`` when it cannot be one (not digits, out
+    of the column's range, not a UUID)."""
+    (column,) = sa_inspect(model).primary_key
+    text = raw if isinstance(raw, str) else ""
+    for kind, limit in _INT_LIMITS.items():
+        if isinstance(column.type, kind):
+            return int(text) if _DIGITS.match(text) and int(text) <= limit else None
+    try:
+        return uuid.UUID(text)
+    except ValueError:
+        return None
+
+
+def _int_arg(name: str, minimum: int, maximum: int) -> None:
+    raw = request.args.get(name)
+    if raw is not None and not (_DIGITS.match(raw) and minimum <= int(raw) <= maximum):
+        abort(400, f"The “{name}” value in the address is not valid.")
+
+
 class StaffModelView(_RoleGate, ModelView):
     form_base_class = StaffForm
     page_size = 50
     can_view_details = True
     can_export = False
+
+    def get_one(self, id: Any) -> Any:
+        key = parse_key(self.model, id)
+        found = db.session.get(self.model, key) if key is not None else None
+        if found is None:
+            abort(404, "There is no such record.")
+        return found
+
+    def _get_list_extra_args(self) -> ViewArgs:
+        _int_arg("page", 0, MAX_PAGE)
+        _int_arg("page_size", 1, max(self.page_size_options or (self.page_size,)))
+        _int_arg("sort", 0, len(self._list_columns) - 1)
+        _int_arg("desc", 0, 1)
+        return super()._get_list_extra_args()
+
+    def _get_list_filter_args(self) -> Any:
+        for arg, value in request.args.items():
+            if not arg.startswith("flt"):
+                continue
+            _, _, key = arg[3:].partition("_")
+            known = (self._filter_args or {}).get(key)
+            if known is None or not known[1].validate(value):
+                abort(400, "A filter in the address is not one this list has, or its value "
+                           "is not valid.")
+        return super()._get_list_filter_args()
+
+    def handle_view_exception(self, exc: Exception) -> bool:
+        # Flask-Admin would flash str(exc): SQL, parameters, a password hash.
+        if isinstance(exc, SQLAlchemyError):
+            log.warning("admin save failed on %s: %s", self.endpoint, type(exc).__name__)
+            flash(SAVE_FAILED, "error")
+            return True
+        return super().handle_view_exception(exc)
+
+    def save_through(self, form: Any, apply, errors: tuple[type[Exception], ...]) -> bool:
+        """Run a service call and commit; a refusal becomes a field error (or a plain
+        sentence), any database failure a plain sentence."""
+        try:
+            result = apply()
+            db.session.commit()
+            return result
+        except errors as exc:
+            db.session.rollback()
+            field = getattr(form, getattr(exc, "field", None) or "", None)
+            if field is not None:
+                field.errors = [*field.errors, str(exc)]
+            else:
+                flash(str(exc), "error")
+        except SQLAlchemyError as exc:
+            db.session.rollback()
+            self.handle_view_exception(exc)
+        return False
+
+    def ids_from(self, raw_ids: list[str]) -> list[Any]:
+        keys = [parse_key(self.model, raw) for raw in raw_ids]
+        if not keys or any(key is None for key in keys):
+            abort(400, "The selection holds a record id that is not valid.")
+        return keys
 
 
 class ReadOnlyView(StaffModelView):
@@ -68,44 +164,55 @@ class PlanView(AdminOnlyView):
     column_list = ("name", "slug", "included_sources", "is_default", "active", "updated_at")
     form_columns = ("name", "slug", "description", "included_sources", "monthly_price_cents",
                     "active")
-    column_labels = {"included_sources": "Sources included (cap)"}
+    column_labels = {"included_sources": "Sources included (cap)",
+                     "monthly_price_cents": "Monthly price (cents)"}
     can_delete = False
+
+    def _fields(self, form: Any):
+        from dashboard.plans.editing import PlanFields
+
+        return PlanFields(
+            name=form.name.data or "", slug=form.slug.data or "",
+            description=form.description.data or "",
+            included_sources=form.included_sources.data,
+            monthly_price_cents=form.monthly_price_cents.data
+            if form.monthly_price_cents.data is not None else 0,
+            active=bool(form.active.data),
+        )
+
+    def create_model(self, form: Any) -> Any:
+        from dashboard.plans.editing import PlanError, create_plan
+
+        return self.save_through(form, lambda: create_plan(db.session, self._fields(form)),
+                                 (PlanError,))
+
+    def update_model(self, form: Any, model: Any) -> bool:
+        from dashboard.plans.editing import PlanError, update_plan
+
+        return bool(self.save_through(
+            form, lambda: update_plan(db.session, model, self._fields(form)), (PlanError,)))
 
     @action("build_quick", "Quick memory update for every user",
             "Request a quick build for every user of these plans?")
     def action_build_quick(self, ids: list[str]) -> None:
-        _request_for_plans(ids, "quick")
+        self._request_for_plans(self.ids_from(ids), "quick")
 
     @action("build_full", "Full memory rebuild for every user",
             "Request a full rebuild for every user of these plans?")
     def action_build_full(self, ids: list[str]) -> None:
-        _request_for_plans(ids, "full")
+        self._request_for_plans(self.ids_from(ids), "full")
 
+    def _request_for_plans(self, ids: list[int], mode: str) -> None:
+        from dashboard.memory.requests import request_builds_for_plan
+        from dashboard.plans.models import Plan
 
-def _request_for_users(ids: list[str], mode: str) -> None:
-    from dashboard.memory.requests import request_build
-
-    merged = 0
-    for user_id in ids:
-        merged += request_build(db.session, int(user_id), mode=mode, trigger="admin",
-                                requested_by_id=current_user.id).merged
-    db.session.commit()
-    flash(f"{mode.capitalize()} build requested for {len(ids)} user(s)"
-          + (f" ({merged} merged into builds already queued)" if merged else "") + ".",
-          "success")
-
-
-def _request_for_plans(ids: list[str], mode: str) -> None:
-    from dashboard.memory.requests import request_builds_for_plan
-    from dashboard.plans.models import Plan
-
-    total = 0
-    for plan in db.session.scalars(select(Plan).where(Plan.id.in_([int(i) for i in ids]))):
-        for count in request_builds_for_plan(db.session, plan, mode=mode,
-                                             requested_by_id=current_user.id):
-            db.session.commit()  # a batch at a time: jobs flow while the fan-out goes on
-            total += count
-    flash(f"{mode.capitalize()} build requested for {total} user(s).", "success")
+        total = 0
+        for plan in db.session.scalars(select(Plan).where(Plan.id.in_(ids))).all():
+            for count in request_builds_for_plan(db.session, plan, mode=mode,
+                                                 requested_by_id=current_user.id):
+                db.session.commit()  # a batch at a time: jobs flow while the fan-out goes on
+                total += count
+        flash(f"{mode.capitalize()} build requested for {total} user(s).", "success")
 
 
 class UserView(AdminOnlyView):
@@ -113,18 +220,42 @@ class UserView(AdminOnlyView):
     column_searchable_list = ("email",)
     column_filters = ("role", "active")
     form_columns = ("role", "plan", "active")
+    form_overrides = {"role": SelectField}
+    form_args = {"role": {"choices": [(role, role.capitalize()) for role in ROLES]},
+                 "plan": {"allow_blank": True, "blank_text": "The default plan"}}
     can_create = can_delete = False
     # Staff pages never show content; a user row is ids, email, role, plan.
     column_details_list = ("id", "email", "display_name", "role", "plan", "active",
                            "created_at", "last_login_at")
 
+    def update_model(self, form: Any, model: Any) -> bool:
+        from dashboard.auth.services import AccountError, update_account
+
+        plan = form.plan.data
+        return bool(self.save_through(form, lambda: update_account(
+            db.session, model, role=form.role.data, plan_id=plan.id if plan else None,
+            active=bool(form.active.data)), (AccountError,)))
+
     @action("build_quick", "Quick memory update", "Request a quick build for these users?")
     def action_build_quick(self, ids: list[str]) -> None:
-        _request_for_users(ids, "quick")
+        self._request_for_users(self.ids_from(ids), "quick")
 
     @action("build_full", "Full memory rebuild", "Request a full rebuild for these users?")
     def action_build_full(self, ids: list[str]) -> None:
-        _request_for_users(ids, "full")
+        self._request_for_users(self.ids_from(ids), "full")
+
+    def _request_for_users(self, ids: list[int], mode: str) -> None:
+        from dashboard.auth.models import User
+        from dashboard.memory.requests import request_builds
+
+        existing = db.session.scalars(select(User.id).where(User.id.in_(ids))).all()
+        requests = request_builds(db.session, existing, mode=mode, trigger="admin",
+                                  requested_by_id=current_user.id)
+        db.session.commit()
+        merged = sum(r.merged for r in requests)
+        flash(f"{mode.capitalize()} build requested for {len(requests)} user(s)"
+              + (f" ({merged} merged into builds already queued)" if merged else "") + ".",
+              "success")
 
 
 class BuildView(ReadOnlyView):
@@ -139,6 +270,7 @@ def init_admin(app: Flask) -> Admin:
     from dashboard.auth.models import User
     from dashboard.memory.models import MemoryBuild
     from dashboard.plans.models import Plan
+    from dashboard.security import csp_nonce
 
     admin = Admin(
         app,
@@ -146,6 +278,7 @@ def init_admin(app: Flask) -> Admin:
         url="/admin",
         index_view=StaffIndexView(url="/admin"),
         theme=Bootstrap4Theme(swatch="default"),
+        csp_nonce_generator=csp_nonce,
     )
     admin.add_view(PlanView(Plan, db, name="Plans"))
     admin.add_view(UserView(User, db, name="Users"))

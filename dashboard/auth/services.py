@@ -147,9 +147,37 @@ class RoleChange:
     after: str
 
 
+def _keep_an_admin(session: Session, user: User, *, role: str, active: bool) -> None:
+    """Refuse a change that would leave no active admin. The admin rows are locked, so
+    two admins demoting each other at once cannot both succeed."""
+    if not (user.role == "admin" and user.active) or (role == "admin" and active):
+        return
+    admins = session.scalars(
+        select(User.id).where(User.role == "admin", User.active).with_for_update()
+    ).all()
+    if not set(admins) - {user.id}:
+        field = "role" if role != "admin" else "active"
+        raise AccountError("This is the last active admin; make someone else an admin "
+                           "first.", field)
+
+
 def set_role(session: Session, user: User, role: str) -> RoleChange:
     validate_role(role)
+    _keep_an_admin(session, user, role=role, active=user.active)
     change = RoleChange(user.id, user.role, role)
     user.role = role
     session.flush()
     return change
+
+
+def update_account(session: Session, user: User, *, role: str, plan_id: int | None,
+                   active: bool) -> User:
+    """A staff edit of an account: its role, its plan (``None``: the default plan) and
+    whether it may sign in. A plan switch requests the user's build (``memory.changes``)."""
+    validate_role(role)
+    if plan_id is not None and session.get(Plan, plan_id) is None:
+        raise AccountError("That plan does not exist (any more); choose another.", "plan")
+    _keep_an_admin(session, user, role=role, active=active)
+    user.role, user.plan_id, user.active = role, plan_id, bool(active)
+    session.flush()
+    return user

@@ -10,7 +10,8 @@ from sqlalchemy import func
 
 from dashboard.auth import services
 from dashboard.auth.forms import SignInForm, SignUpForm
-from dashboard.extensions import db
+from dashboard.extensions import db, limiter
+from dashboard.security import failed_signin, signin_account_key, signin_client_key
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 
@@ -53,6 +54,10 @@ def signup():
 
 
 @bp.route("/signin", methods=["GET", "POST"])
+@limiter.limit(lambda: current_app.config["SIGNIN_LIMIT_PER_ACCOUNT"], key_func=signin_account_key,
+               methods=["POST"], deduct_when=failed_signin, scope="signin-account")
+@limiter.limit(lambda: current_app.config["SIGNIN_LIMIT_PER_CLIENT"], key_func=signin_client_key,
+               methods=["POST"], deduct_when=failed_signin, scope="signin-client")
 def signin():
     """Sign in with email and password."""
     if current_user.is_authenticated:

@@ -1,0 +1,141 @@
+"""What every request and response passes through: input PostgreSQL could not store is
+refused with a clear 400, every response carries the security headers (a CSP with a
+per-request nonce, which Flask-Admin's pages work under too), and sign-in is throttled
+per account and per client on the app's Redis."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+from urllib.parse import parse_qsl
+
+from flask import Flask, abort, g, request
+from flask_limiter.util import get_remote_address
+
+log = logging.getLogger(__name__)
+
+UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or bytes "
+              "that are not UTF-8). Remove them and try again.")
+
+
+# -- input ---------------------------------------------------------------------------------
+
+def _strict_pairs(raw: bytes) -> list[tuple[str, str]]:
+    """Parse a query string or urlencoded body, refusing what is not UTF-8 (werkzeug
+    would quietly replace it with U+FFFD, and a different string would be stored)."""
+    return parse_qsl(raw.decode("utf-8"), keep_blank_values=True, encoding="utf-8",
+                     errors="strict")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def reject_unreadable_input() -> None:
+    """400 for a NUL byte or undecodable bytes anywhere a view could read them."""
+    try:
+        # PATH_INFO is the raw path as latin-1 (PEP 3333): it must be UTF-8 underneath.
+        texts: list[str] = [request.environ.get("PATH_INFO", "").encode("latin-1")
+                            .decode("utf-8")]
+        for key, value in _strict_pairs(request.query_string):
+            texts += [key, value]
+        if request.mimetype == "application/x-www-form-urlencoded":
+            for key, value in _strict_pairs(request.get_data(cache=True)):
+                texts += [key, value]
+        elif request.mimetype == "multipart/form-data":
+            for key, value in request.form.items(multi=True):
+                texts += [key, value]
+            texts += [f.filename or "" for f in request.files.values()]
+            if any("\ufffd" in t for t in texts):
+                abort(400, UNREADABLE)
+        elif request.is_json and _has_nul(request.get_json(silent=True)):
+            abort(400, UNREADABLE)
+    except (UnicodeDecodeError, ValueError):
+        abort(400, UNREADABLE)
+    if any("\x00" in t for t in texts):
+        abort(400, UNREADABLE)
+
+
+# -- response headers -----------------------------------------------------------------------
+
+def csp_nonce() -> str:
+    if "csp_nonce" not in g:
+        g.csp_nonce = secrets.token_urlsafe(18)
+    return g.csp_nonce
+
+
+def content_security_policy(nonce: str) -> str:
+    return "; ".join([
+        "default-src 'self'",
+        f"script-src 'self' 'nonce-{nonce}'",
+        f"style-src 'self' 'nonce-{nonce}'",
+        "img-src 'self' data:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "object-src 'none'",
+        "base-uri 'none'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ])
+
+
+def add_security_headers(response: Any) -> Any:
+    headers = response.headers
+    headers.setdefault("Content-Security-Policy", content_security_policy(csp_nonce()))
+    headers.setdefault("X-Frame-Options", "DENY")
+    headers.setdefault("X-Content-Type-Options", "nosniff")
+    headers.setdefault("Referrer-Policy", "same-origin")
+    headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
+    headers.setdefault("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
+    if request.is_secure:
+        headers.setdefault("Strict-Transport-Security", "max-age=31536000")
+    return response
+
+
+# -- sign-in throttling ---------------------------------------------------------------------
+
+def limiter_storage_uri(redis_url: str) -> str:
+    """The app's Redis, in the spelling the ``limits`` library expects."""
+    if redis_url.startswith("unix://"):
+        return "redis+unix://" + redis_url[len("unix://"):]
+    return redis_url
+
+
+def signin_account_key() -> str:
+    from dashboard.auth.services import normalise_email
+
+    email = normalise_email(request.form.get("email", ""))
+    # Without an email the attempt still counts, against the client.
+    return f"account:{email}" if email else f"anonymous:{get_remote_address()}"
+
+
+def signin_client_key() -> str:
+    return f"client:{get_remote_address()}"
+
+
+def failed_signin(response: Any) -> bool:
+    """Only failed attempts count: a successful sign-in redirects."""
+    return response.status_code != 302
+
+
+def init_security(app: Flask) -> None:
+    from dashboard.extensions import limiter
+
+    app.before_request(reject_unreadable_input)
+    app.after_request(add_security_headers)
+    app.jinja_env.globals["csp_nonce"] = csp_nonce
+    app.config.setdefault("RATELIMIT_STORAGE_URI", limiter_storage_uri(app.config["REDIS_URL"]))
+    app.config.setdefault("RATELIMIT_STORAGE_OPTIONS", {"socket_connect_timeout": 2,
+                                                        "socket_timeout": 2})
+    app.config.setdefault("RATELIMIT_HEADERS_ENABLED", True)
+    # Redis down: throttle in this process rather than fail every sign-in.
+    app.config.setdefault("RATELIMIT_SWALLOW_ERRORS", True)
+    app.config.setdefault("RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", True)
+    limiter.init_app(app)
