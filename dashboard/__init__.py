@@ -44,8 +44,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
 
     init_services(app)
     init_extensions(app)
-    init_security(app)
     init_blueprints(app)
+    init_security(app)
     init_admin(app)
     init_cli(app)
     init_templates(app)

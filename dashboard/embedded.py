@@ -105,7 +105,7 @@ class EmbeddedServices:
             pids = json.loads(self._holders.read_text() or "[]")
         except (FileNotFoundError, ValueError):
             return []
-        return [pid for pid in pids if isinstance(pid, int) and _pid_alive(pid)]
+        return [pid for pid in pids if isinstance(pid, int) and pid_alive(pid)]
 
     def _write_holders(self, pids: list[int]) -> None:
         # Written whole then renamed: a reader never sees half a file.
@@ -224,7 +224,7 @@ class EmbeddedServices:
             pid = int(first)
         except (OSError, ValueError):
             return None
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return None
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -244,7 +244,7 @@ class EmbeddedServices:
         pid = self._postmaster_pid()
         if pid is not None:
             # Left starting (or stopping) by a run that was killed: give it time.
-            if self._wait_for(lambda: self._postgres_answers() or not _pid_alive(pid)) \
+            if self._wait_for(lambda: self._postgres_answers() or not pid_alive(pid)) \
                     and self._postgres_answers():
                 return False
             self._kill_postmaster()
@@ -309,7 +309,7 @@ class EmbeddedServices:
         for sig, grace in ((signal.SIGINT, 30), (signal.SIGQUIT, 10), (signal.SIGKILL, 10)):
             with suppress(ProcessLookupError):
                 os.kill(pid, sig)  # SIGINT: PostgreSQL's "fast" shutdown
-            if self._wait_for(lambda: not _pid_alive(pid), timeout=grace):
+            if self._wait_for(lambda: not pid_alive(pid), timeout=grace):
                 return
 
     def _stop_postgres(self) -> None:
@@ -368,7 +368,7 @@ class EmbeddedServices:
             sock.recv(64)
         if not self._wait_for(lambda: not _ping_unix(self.valkey_socket), timeout=15):
             pid = _read_int(self.valkey_dir / "valkey.pid")
-            if pid and _pid_alive(pid):
+            if pid and pid_alive(pid):
                 with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
@@ -492,7 +492,7 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

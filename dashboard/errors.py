@@ -65,9 +65,9 @@ def register_error_handlers(app: Flask) -> None:
     def too_many(exc: RateLimitExceeded):
         import time
 
-        from dashboard.extensions import limiter
+        from dashboard.security import get_limiter
 
-        current = limiter.current_limit
+        current = get_limiter().current_limit
         wait = max(1, int(current.reset_at - time.time())) if current else 60
         return _page(429, "Too many attempts", TOO_MANY.format(wait=_wait_words(wait)))
 

@@ -1,10 +1,9 @@
 """Extension singletons, created unbound and bound once per app in ``create_app``.
 
-Flask-Admin is the exception: an ``Admin`` keeps its app and its views' blueprints, so
-one instance per app is built in ``dashboard.admin.views.init_admin``."""
+Flask-Admin and Flask-Limiter are the exceptions: an ``Admin`` keeps its app and its views'
+blueprints, and a ``Limiter`` its storage, so one of each is built per app
+(``dashboard.admin.views.init_admin``, ``dashboard.security.init_security``)."""
 
-from flask_limiter import Limiter
-from flask_limiter.util import get_remote_address
 from flask_login import LoginManager
 from flask_migrate import Migrate
 from flask_sqlalchemy import SQLAlchemy
@@ -30,5 +29,3 @@ db = SQLAlchemy(model_class=Base)
 migrate = Migrate()
 login_manager = LoginManager()
 csrf = CSRFProtect()
-# Storage (the app's Redis) and defaults come from the app's config in init_security.
-limiter = Limiter(key_func=get_remote_address, default_limits=[])

@@ -10,7 +10,7 @@ import secrets
 from typing import Any
 from urllib.parse import parse_qsl
 
-from flask import Flask, abort, g, request
+from flask import Flask, abort, request
 from flask_limiter.util import get_remote_address
 
 log = logging.getLogger(__name__)
@@ -66,9 +66,9 @@ def reject_unreadable_input() -> None:
 # -- response headers -----------------------------------------------------------------------
 
 def csp_nonce() -> str:
-    if "csp_nonce" not in g:
-        g.csp_nonce = secrets.token_urlsafe(18)
-    return g.csp_nonce
+    """One nonce per request, kept in the request's environ (``g`` can outlive a request
+    when an app context spans several, as in tests and CLI code)."""
+    return request.environ.setdefault("orbitpilot.csp_nonce", secrets.token_urlsafe(18))
 
 
 def content_security_policy(nonce: str) -> str:
@@ -125,10 +125,19 @@ def failed_signin(response: Any) -> bool:
     return response.status_code != 302
 
 
-def init_security(app: Flask) -> None:
-    from dashboard.extensions import limiter
+def get_limiter(app: Flask | None = None):
+    from flask import current_app
 
-    app.before_request(reject_unreadable_input)
+    return (app or current_app).extensions["orbitpilot.limiter"]
+
+
+def init_security(app: Flask) -> None:
+    """After the blueprints: the sign-in view is wrapped with its limits here."""
+    from flask_limiter import Limiter
+
+    # First of all request hooks: CSRF protection parses the form, after which the raw
+    # body (needed to tell bytes that are not UTF-8) is gone.
+    app.before_request_funcs.setdefault(None, []).insert(0, reject_unreadable_input)
     app.after_request(add_security_headers)
     app.jinja_env.globals["csp_nonce"] = csp_nonce
     app.config.setdefault("RATELIMIT_STORAGE_URI", limiter_storage_uri(app.config["REDIS_URL"]))
@@ -138,4 +147,13 @@ def init_security(app: Flask) -> None:
     # Redis down: throttle in this process rather than fail every sign-in.
     app.config.setdefault("RATELIMIT_SWALLOW_ERRORS", True)
     app.config.setdefault("RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", True)
-    limiter.init_app(app)
+    limiter = Limiter(key_func=get_remote_address, app=app)
+    app.extensions["orbitpilot.limiter"] = limiter
+    signin = app.view_functions["auth.signin"]
+    signin = limiter.limit(lambda: app.config["SIGNIN_LIMIT_PER_ACCOUNT"],
+                           key_func=signin_account_key, methods=["POST"],
+                           deduct_when=failed_signin, scope="signin-account")(signin)
+    signin = limiter.limit(lambda: app.config["SIGNIN_LIMIT_PER_CLIENT"],
+                           key_func=signin_client_key, methods=["POST"],
+                           deduct_when=failed_signin, scope="signin-client")(signin)
+    app.view_functions["auth.signin"] = signin

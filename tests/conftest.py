@@ -24,7 +24,10 @@ from dashboard import create_app
 from dashboard.extensions import db
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-TEST_DATABASE = "orbitpilot_test"
+# A database of this run's own: two runs at once (a developer's and an agent's, or CI
+# beside a local run) never drop each other's schema. Left-overs of dead runs are dropped.
+TEST_DATABASE_PREFIX = "orbitpilot_test_"
+TEST_DATABASE = f"{TEST_DATABASE_PREFIX}{os.getpid()}"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -46,6 +49,9 @@ def make_test_config(**overrides) -> dict:
         # A queue of this run's own: nothing else's jobs, and nothing left for others.
         "BUILD_QUEUE": f"builds-test-{os.getpid()}",
         "BUILD_HEARTBEAT_SECONDS": 0.2,
+        # Rate-limit counters of this run's own, reset before each test that uses a client.
+        "RATELIMIT_STORAGE_OPTIONS": {"key_prefix": f"LIMITS-test-{os.getpid()}",
+                                      "socket_connect_timeout": 2, "socket_timeout": 2},
     }
     if os.environ.get("TEST_DATABASE_URL"):
         config["SQLALCHEMY_DATABASE_URI"] = os.environ["TEST_DATABASE_URL"]
@@ -99,9 +105,40 @@ def _reset_schema(app) -> None:
                 downgrade(revision="base")
             owner.dispose()
         else:
-            fresh_database(server_admin_url(app), app.config["EMBEDDED_DATABASE"])
+            admin_url = server_admin_url(app)
+            _drop_databases_of_dead_runs(admin_url)
+            fresh_database(admin_url, app.config["EMBEDDED_DATABASE"])
         db.engine.dispose()
         upgrade()
+
+
+def _drop_databases_of_dead_runs(admin_url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    from dashboard.embedded import pid_alive
+
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        names = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
+                             (TEST_DATABASE_PREFIX + "%",)).fetchall()
+        for (name,) in names:
+            pid = name.removeprefix(TEST_DATABASE_PREFIX)
+            if pid.isdigit() and not pid_alive(int(pid)):
+                conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                             .format(sql.Identifier(name)))
+
+
+def _drop_own_database(app) -> None:
+    import psycopg
+    from psycopg import sql
+
+    if os.environ.get("TEST_DATABASE_URL"):
+        return
+    with app.app_context():
+        db.engine.dispose()
+    with psycopg.connect(server_admin_url(app), autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+                     .format(sql.Identifier(app.config["EMBEDDED_DATABASE"])))
 
 
 @pytest.fixture(scope="session")
@@ -115,6 +152,7 @@ def app():
     yield app
     queue.empty()
     queue.delete(delete_jobs=True)
+    _drop_own_database(app)
 
 
 class _TestScopedSession(scoped_session):
@@ -153,6 +191,10 @@ def db_session(app) -> Iterator:
 
 @pytest.fixture
 def client(app, db_session):
+    from dashboard.security import get_limiter
+
+    with app.app_context():
+        get_limiter(app).reset()
     return app.test_client()
 
 

@@ -176,7 +176,7 @@ def update_account(session: Session, user: User, *, role: str, plan_id: int | No
     whether it may sign in. A plan switch requests the user's build (``memory.changes``)."""
     validate_role(role)
     if plan_id is not None and session.get(Plan, plan_id) is None:
-        raise AccountError("That plan does not exist (any more); choose another.", "plan")
+        raise AccountError("That plan does not exist (any more); choose another.", "plan_ref")
     _keep_an_admin(session, user, role=role, active=active)
     user.role, user.plan_id, user.active = role, plan_id, bool(active)
     session.flush()

@@ -10,8 +10,7 @@ from sqlalchemy import func
 
 from dashboard.auth import services
 from dashboard.auth.forms import SignInForm, SignUpForm
-from dashboard.extensions import db, limiter
-from dashboard.security import failed_signin, signin_account_key, signin_client_key
+from dashboard.extensions import db
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 
@@ -54,12 +53,8 @@ def signup():
 
 
 @bp.route("/signin", methods=["GET", "POST"])
-@limiter.limit(lambda: current_app.config["SIGNIN_LIMIT_PER_ACCOUNT"], key_func=signin_account_key,
-               methods=["POST"], deduct_when=failed_signin, scope="signin-account")
-@limiter.limit(lambda: current_app.config["SIGNIN_LIMIT_PER_CLIENT"], key_func=signin_client_key,
-               methods=["POST"], deduct_when=failed_signin, scope="signin-client")
 def signin():
-    """Sign in with email and password."""
+    """Sign in with email and password (throttled: see ``security.init_security``)."""
     if current_user.is_authenticated:
         return redirect(_safe_next(request.args.get("next")))
     form = SignInForm()

@@ -1,30 +1,27 @@
-// Flask-Admin writes a few inline event handlers (onclick="...") and javascript: links.
-// The app's Content-Security-Policy refuses inline script, so this file turns them into
-// ordinary listeners before anyone can click, and keeps javascript: links from navigating.
+// Flask-Admin's menus under the app's Content-Security-Policy (which refuses inline
+// script). The server has turned its inline action handlers into data-model-action
+// attributes (see admin/views.py); this runs them, and keeps the menus' javascript:
+// links from navigating (the browser would refuse them, noisily).
 (function () {
   "use strict";
-  var ACTION = /^return modelActions\.execute\('([A-Za-z0-9_]+)'\);?$/;
-
-  function convert(element) {
-    var handler = element.getAttribute("onclick") || "";
-    element.removeAttribute("onclick");
-    var action = ACTION.exec(handler.trim());
-    element.addEventListener("click", function (event) {
-      event.preventDefault();
-      if (action && window.modelActions) {
-        window.modelActions.execute(action[1]);
-      }
-    });
-  }
 
   function ready() {
-    document.querySelectorAll("[onclick]").forEach(convert);
+    document.querySelectorAll("[data-model-action]").forEach(function (element) {
+      element.addEventListener("click", function (event) {
+        event.preventDefault();
+        if (window.modelActions) {
+          window.modelActions.execute(element.getAttribute("data-model-action"));
+        }
+      });
+    });
+    // Capture phase: Flask-Admin's dropdown script stops the toggles' clicks from
+    // bubbling, so a bubbling listener would never see them.
     document.addEventListener("click", function (event) {
       var link = event.target.closest && event.target.closest('a[href^="javascript:"]');
       if (link) {
         event.preventDefault();
       }
-    });
+    }, true);
   }
 
   if (document.readyState === "loading") {

@@ -74,6 +74,49 @@ def test_small_user_among_many_always_gets_k_rows_matching_exact_order(db_sessio
     assert [h.distance for h in hits] == sorted(h.distance for h in hits)
 
 
+def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(
+        db_session, count_queries):
+    """EXPLAIN of the very statement search_memory ran shows the HNSW index."""
+    from sqlalchemy import event
+
+    from dashboard.extensions import db
+
+    rng = np.random.default_rng(11)
+    crowd = make_user(db_session)
+    _random_chunks(db_session, crowd.id, 3000, rng)
+    big = make_user(db_session)
+    _random_chunks(db_session, big.id, 200, rng, offset=10_000)
+    db_session.flush()
+
+    class Fixed:
+        name, dimensions = "random", 384
+
+        def embed(self, texts):
+            vector = rng.standard_normal((1, 384)).astype(np.float32)
+            return vector / np.linalg.norm(vector)
+
+    ran: list[tuple[str, object]] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if "<=>" in statement:
+            ran.append((statement, parameters))
+
+    event.listen(db.engine, "before_cursor_execute", record)
+    try:
+        hits = search_memory(db_session, big.id, "anything", 10, embedder=Fixed(),
+                             exact_max_chunks=100)
+    finally:
+        event.remove(db.engine, "before_cursor_execute", record)
+    assert len(hits) == 10
+    assert {h.content for h in hits} <= {f"c{10_000 + i}" for i in range(200)}
+    assert len(ran) == 1  # the HNSW path alone answered: no exact top-up
+    statement, parameters = ran[0]
+    cursor = db_session.connection().connection.driver_connection.cursor()
+    plan = "\n".join(row[0] for row in cursor.execute("EXPLAIN " + statement, parameters))
+    assert "Index Scan using ix_memory_chunks_embedding_hnsw" in plan, plan
+    assert "Sort" not in plan, plan
+
+
 def test_k_is_clamped_and_other_users_are_never_returned(db_session):
     embedder = HashingEmbedder()
     mine = memories_user(db_session, LEXICAL[:2])
