@@ -49,19 +49,27 @@ def parse_args() -> argparse.Namespace:
 
 
 def bench_app(name: str):
+    """An app on a database of its own. On the embedded server the superuser makes it
+    (owned by the owner role, with pgvector) and the bench connects as the owner: it
+    measures the engine, not privileges. BENCH_DATABASE_URL: an existing database."""
     from flask_migrate import upgrade
 
-    base = create_app()  # the embedded servers (or DATABASE_URL) hold the bench database
-    with base.app_context():
-        server = db.engine.url
-    url = os.environ.get("BENCH_DATABASE_URL") or server.set(database=name) \
-        .render_as_string(False)
-    admin = create_engine(server.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    if not os.environ.get("BENCH_DATABASE_URL"):
+    from dashboard.embedded import OWNER_ROLE, ensure_database, ensure_started
+
+    url = os.environ.get("BENCH_DATABASE_URL")
+    admin = None
+    if not url:
+        base = create_app()
+        binding = base.extensions["orbitpilot.embedded"]
+        ensure_started(base)
+        urls = binding.services.urls()
+        admin = create_engine(urls.postgres_admin.replace("postgresql://", "postgresql+psycopg://"),
+                              isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    app = create_app({"SQLALCHEMY_DATABASE_URI": url})
+        ensure_database(urls.postgres_admin, name)
+        url = urls.database_url(name, OWNER_ROLE)
+    app = create_app({"SQLALCHEMY_DATABASE_URI": url, "MIGRATIONS_DATABASE_URI": url})
     with app.app_context():
         upgrade()
     return app, admin
@@ -282,10 +290,11 @@ def main() -> int:
     finally:
         with app.app_context():
             db.engine.dispose()
-        if not args.keep and not os.environ.get("BENCH_DATABASE_URL"):
-            with admin.connect() as conn:
-                conn.execute(text('DROP DATABASE IF EXISTS "orbitpilot_bench" WITH (FORCE)'))
-        admin.dispose()
+        if admin is not None:
+            if not args.keep:
+                with admin.connect() as conn:
+                    conn.execute(text('DROP DATABASE IF EXISTS "orbitpilot_bench" WITH (FORCE)'))
+            admin.dispose()
     return 0
 
 
