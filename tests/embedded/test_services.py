@@ -33,6 +33,17 @@ def run_python(code: str, timeout: float = 180, **env: str) -> str:
     return result.stdout.strip()
 
 
+def start_holder(root: Path) -> subprocess.Popen:
+    """Another process holding the servers of ``root`` (read its first line: "up")."""
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import time
+        from dashboard.embedded import EmbeddedServices
+        EmbeddedServices({str(root)!r}).ensure()
+        print("up", flush=True)
+        time.sleep(120)
+    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+
+
 def superuser(services: EmbeddedServices, database: str) -> str:
     return psycopg.conninfo.make_conninfo(services.urls().postgres_admin, dbname=database)
 
@@ -99,13 +110,7 @@ def test_stop_and_start_again_keeps_the_data(tmp_path):
 
 def test_a_killed_holder_is_pruned_and_does_not_keep_the_servers_up(tmp_path):
     root = tmp_path / "services"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from dashboard.embedded import EmbeddedServices
-        EmbeddedServices({str(root)!r}).ensure()
-        print("up", flush=True)
-        time.sleep(120)
-    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = start_holder(root)
     assert proc.stdout.readline().strip() == "up"
     services = EmbeddedServices(root)
     assert services.holders() == [proc.pid]
@@ -121,13 +126,7 @@ def test_a_killed_holder_is_pruned_and_does_not_keep_the_servers_up(tmp_path):
 
 def test_stop_refuses_while_another_process_holds_them_unless_forced(tmp_path):
     root = tmp_path / "services"
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from dashboard.embedded import EmbeddedServices
-        EmbeddedServices({str(root)!r}).ensure()
-        print("up", flush=True)
-        time.sleep(120)
-    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = start_holder(root)
     try:
         assert proc.stdout.readline().strip() == "up"
         services = EmbeddedServices(root)
@@ -156,13 +155,7 @@ def test_services_commands_start_nothing_and_tell_the_truth(tmp_path):
     assert servers_of(services_root) == []
 
     # With a holder alive, `stop` refuses and says who holds them; --force stops them.
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        import time
-        from dashboard.embedded import EmbeddedServices
-        EmbeddedServices({str(services_root)!r}).ensure()
-        print("up", flush=True)
-        time.sleep(120)
-    """)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    holder = start_holder(services_root)
     try:
         assert holder.stdout.readline().strip() == "up"
         refused = subprocess.run([sys.executable, "-m", "flask", "services", "stop"],

@@ -51,6 +51,19 @@ def _random_chunks(session, user_id, count, rng, offset=0):
     ])
 
 
+class RandomQuery:
+    """An embedder whose query vector is random: the chunks' own model name, so they match."""
+
+    name, dimensions = "random", 384
+
+    def __init__(self, rng) -> None:
+        self.rng = rng
+
+    def embed(self, texts):
+        vector = self.rng.standard_normal((1, 384)).astype(np.float32)
+        return vector / np.linalg.norm(vector)
+
+
 @pytest.mark.parametrize("exact_max", [50_000, 0], ids=["exact", "hnsw-iterative"])
 def test_small_user_among_many_always_gets_k_rows_matching_exact_order(db_session, exact_max):
     rng = np.random.default_rng(7)
@@ -60,14 +73,7 @@ def test_small_user_among_many_always_gets_k_rows_matching_exact_order(db_sessio
     _random_chunks(db_session, small.id, 10, rng, offset=10_000)
     db_session.flush()
 
-    class Fixed:
-        name, dimensions = "random", 384
-
-        def embed(self, texts):
-            vector = rng.standard_normal((1, 384)).astype(np.float32)
-            return vector / np.linalg.norm(vector)
-
-    hits = search_memory(db_session, small.id, "anything", 10, embedder=Fixed(),
+    hits = search_memory(db_session, small.id, "anything", 10, embedder=RandomQuery(rng),
                          exact_max_chunks=exact_max)
     assert len(hits) == 10
     assert {h.content for h in hits} == {f"c{10_000 + i}" for i in range(10)}
@@ -88,13 +94,6 @@ def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(
     _random_chunks(db_session, big.id, 200, rng, offset=10_000)
     db_session.flush()
 
-    class Fixed:
-        name, dimensions = "random", 384
-
-        def embed(self, texts):
-            vector = rng.standard_normal((1, 384)).astype(np.float32)
-            return vector / np.linalg.norm(vector)
-
     ran: list[tuple[str, object]] = []
 
     def record(conn, cursor, statement, parameters, context, executemany):
@@ -103,7 +102,7 @@ def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(
 
     event.listen(db.engine, "before_cursor_execute", record)
     try:
-        hits = search_memory(db_session, big.id, "anything", 10, embedder=Fixed(),
+        hits = search_memory(db_session, big.id, "anything", 10, embedder=RandomQuery(rng),
                              exact_max_chunks=100)
     finally:
         event.remove(db.engine, "before_cursor_execute", record)
