@@ -86,6 +86,12 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(RedisConnectionError)
     def unavailable(exc: Exception):
         _rollback()
+        # The page must not ask the database who is signed in: it is what just failed.
+        from flask import g
+
+        from dashboard.extensions import login_manager
+
+        g._login_user = login_manager.anonymous_user()
         log.error("service unavailable: %s on %s %s", type(exc).__name__, request.method,
                   request.path)
         return _page(503, "Service Unavailable", UNAVAILABLE)

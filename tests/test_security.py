@@ -14,7 +14,7 @@ from dashboard.auth.models import User
 from dashboard.plans.models import Plan
 from dashboard.security import UNREADABLE
 from tests.conftest import csrf_from, make_test_config
-from tests.factories import make_plan, make_user
+from tests.factories import PASSWORD, make_plan, make_user
 
 REQUIRED = {
     "X-Frame-Options": "DENY",
@@ -122,3 +122,23 @@ def test_form_bytes_that_are_not_utf8_are_a_clear_400_not_silently_replaced(clie
     assert response.status_code == 400
     assert UNREADABLE in response.get_data(as_text=True)
     assert count(db_session, User) == before
+
+
+def test_a_database_outage_is_a_503_page_even_for_a_signed_in_user(app, committed):
+    # Committed data and no db_session: the outage app must use its own (broken) engine.
+    user = committed.user()
+    committed.session.commit()
+    working = app.test_client()
+    token = csrf_from(working, "/auth/signin")
+    assert working.post("/auth/signin", data={"email": user.email, "password": PASSWORD,
+                                              "csrf_token": token}).status_code == 302
+    cookie = working.get_cookie("session")
+    outage = create_app(make_test_config(
+        SQLALCHEMY_DATABASE_URI="postgresql+psycopg://nobody@127.0.0.1:1/nothing",
+        REDIS_URL=app.config["REDIS_URL"], SECRET_KEY=app.config["SECRET_KEY"]))
+    visitor = outage.test_client()
+    visitor.set_cookie("session", cookie.value, domain=cookie.domain)
+    response = visitor.get("/")
+    assert response.status_code == 503
+    page = response.get_data(as_text=True)
+    assert "cannot reach its database" in page and "nobody" not in page
