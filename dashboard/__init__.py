@@ -111,7 +111,7 @@ def _start_embedded_on_first_use(app: Flask) -> None:
         return
     if binding.postgres:
         with app.app_context():
-            event.listen(db.engine, "do_connect", lambda *args: binding.ensure_started())
+            event.listen(db.engine, "do_connect", lambda *args: binding.ensure_postgres())
     def ensure_or_unavailable() -> None:
         # The health check reports an outage itself, as JSON.
         if request.endpoint != "main.healthz":
@@ -150,7 +150,7 @@ def init_cli(app: Flask) -> None:
 
 
 def init_templates(app: Flask) -> None:
-    from dashboard.memory.sources import SOURCES
+    from dashboard.sources import SOURCES
 
     @app.context_processor
     def inject_registry() -> dict[str, Any]:

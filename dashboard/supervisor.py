@@ -10,6 +10,8 @@ returns nothing it started is left running.
 Children run in sessions of their own, so a terminal's Ctrl+C reaches only this process,
 which shuts them down in order; and each is told by the kernel to stop if this process is
 killed outright (PR_SET_PDEATHSIG), so even ``kill -9`` leaves no web server on the port.
+It is also their subreaper: a work horse orphaned by a worker that died is still found,
+and stopped, before the servers are released.
 """
 
 from __future__ import annotations
@@ -47,6 +49,23 @@ def _tree(process: subprocess.Popen) -> list:
         return []
 
 
+def stop_orphans(keep: set[int]) -> None:
+    """Kill what is left under this process (it is their subreaper), except ``keep``
+    and their own children: the embedded servers, released in order afterwards."""
+    import psutil
+
+    me = psutil.Process()
+    spared = set(keep)
+    for pid in keep:
+        with suppress(psutil.Error):
+            spared |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    left = [p for p in me.children(recursive=True) if p.pid not in spared]
+    for process in left:
+        with suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(left, timeout=10)
+
+
 def stop_children(children: list[subprocess.Popen], grace: float = GRACE_SECONDS,
                   hurry=lambda: False) -> None:
     """SIGTERM each child (a warm stop: the worker finishes its build); half-way through
@@ -70,11 +89,15 @@ def stop_children(children: list[subprocess.Popen], grace: float = GRACE_SECONDS
     wait(grace / 2)
     terminate()
     wait(grace / 2)
+    import psutil
+
     for child in children:
         if child.poll() is None:
-            for process in _tree(child):
-                with suppress(Exception):
+            tree = _tree(child)
+            for process in tree:
+                with suppress(psutil.Error):
                     process.kill()
+            psutil.wait_procs(tree, timeout=10)
         with suppress(subprocess.TimeoutExpired):
             child.wait(timeout=10)
 
@@ -97,8 +120,12 @@ def main() -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
+    from dashboard.embedded import become_subreaper
+
+    become_subreaper()
 
     from dashboard import create_app
+    from dashboard.embedded import EmbeddedError
 
     app = create_app()
     binding = app.extensions.get("orbitpilot.embedded")
@@ -130,14 +157,20 @@ def main() -> int:
             time.sleep(0.2)
     except _Stop:
         pass
-    except Exception as exc:
-        # A clear line, never a traceback of someone else's library for a start-up error.
+    except EmbeddedError as exc:  # our own sentence, saying what to look at
         print(f"error: {exc}", file=sys.stderr, flush=True)
+        status = 1
+    except Exception as exc:
+        # The kind only: a database's message can quote the row it refused.
+        print(f"error: the run stopped during set-up ({type(exc).__name__}); nothing was "
+              "left half-done. Run it again; if it fails the same way, see the lines above.",
+              file=sys.stderr, flush=True)
         status = 1
     finally:
         state["stopping"] = True  # from here a signal only shortens the grace period
         _say("stopping")
         stop_children(children, grace=GRACE_SECONDS, hurry=lambda: len(requests) > 1)
+        stop_orphans(keep=binding.services.server_pids() if binding is not None else set())
         if binding is not None:
             binding.services.release()
             left = binding.services.holders()

@@ -17,8 +17,10 @@ def run_build(build_id: int) -> str:
         return execute_build(build_id)
 
 
-def fan_out_plan(plan_id: int) -> int:
-    """A plan's cap or assignments changed: request a build for each of its users."""
+def fan_out_plan(plan_id: int, mode: str = "quick", trigger: str = "plan_change",
+                 requested_by_id: int | None = None) -> int:
+    """Request a build for each user of a plan (its cap or assignments changed, or an
+    admin asked to rebuild it)."""
     app = job_app()
     with app.app_context():
         from dashboard.extensions import db
@@ -26,7 +28,8 @@ def fan_out_plan(plan_id: int) -> int:
 
         db.engine.dispose(close=False)
         try:
-            return fan_out_plan_builds(db.session, plan_id)
+            return fan_out_plan_builds(db.session, plan_id, mode=mode, trigger=trigger,
+                                       requested_by_id=requested_by_id)
         finally:
             db.session.remove()
 
@@ -40,6 +43,6 @@ def work_horse_killed(job, retpid, ret_val, rusage) -> None:  # noqa: ARG001 (RQ
     signal = f" (signal {os.WTERMSIG(ret_val)})" if ret_val and os.WIFSIGNALED(ret_val) else ""
     app = job_app()
     with app.app_context():
-        from dashboard.memory.runner import fail_build
+        from dashboard.memory.runner import abandon_build
 
-        fail_build(int(job.args[0]), f"worker process terminated{signal}")
+        abandon_build(int(job.args[0]), f"worker process terminated{signal}")

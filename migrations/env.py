@@ -21,9 +21,9 @@ def get_engine():
     role the web and worker processes use."""
     from sqlalchemy import create_engine
 
-    from dashboard.embedded import ensure_started
-
-    ensure_started(current_app)
+    binding = current_app.extensions.get('orbitpilot.embedded')
+    if binding is not None:
+        binding.ensure_postgres()
     return create_engine(current_app.config['MIGRATIONS_DATABASE_URI'], poolclass=pool.NullPool,
                          hide_parameters=True)
 

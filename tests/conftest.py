@@ -190,6 +190,17 @@ def db_session(app) -> Iterator:
 
 
 @pytest.fixture
+def queue(app):
+    """This run's build queue, empty before and after the test."""
+    from dashboard.memory.queue import get_build_queue
+
+    queue = get_build_queue(app)
+    queue.empty()
+    yield queue
+    queue.empty()
+
+
+@pytest.fixture
 def client(app, db_session):
     from dashboard.security import get_limiter
 

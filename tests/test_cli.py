@@ -3,9 +3,9 @@
 from sqlalchemy import func, select
 
 from dashboard.auth.models import User
-from dashboard.memory.sources import CHAT_HISTORY
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.services import SourceState, resolve_build_sources
+from dashboard.sources import CHAT_HISTORY
 
 
 def count(db_session, model) -> int:

@@ -211,16 +211,18 @@ class PlanView(AdminOnlyView):
         self._request_for_plans(self.ids_from(ids), "full")
 
     def _request_for_plans(self, ids: list[int], mode: str) -> None:
-        from dashboard.memory.requests import request_builds_for_plan
+        """A job per plan requests the builds: the admin's request never loops over
+        thousands of users."""
+        from dashboard.memory.requests import request_plan_fanout
         from dashboard.plans.models import Plan
 
-        total = 0
-        for plan in db.session.scalars(select(Plan).where(Plan.id.in_(ids))).all():
-            for count in request_builds_for_plan(db.session, plan, mode=mode,
-                                                 requested_by_id=current_user.id):
-                db.session.commit()  # a batch at a time: jobs flow while the fan-out goes on
-                total += count
-        flash(f"{mode.capitalize()} build requested for {total} user(s).", "success")
+        plans = db.session.scalars(select(Plan.id).where(Plan.id.in_(ids))).all()
+        for plan_id in plans:
+            request_plan_fanout(db.session, plan_id, mode=mode, trigger="admin",
+                                requested_by_id=current_user.id)
+        db.session.commit()
+        flash(f"A {mode} build will be requested for every user of {len(plans)} plan(s); "
+              "they appear under Builds as they are requested.", "success")
 
 
 class UserView(AdminOnlyView):

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session, UOWTransaction
 
 from dashboard.auth.models import User
 from dashboard.memory.requests import request_builds, request_plan_fanout
-from dashboard.memory.sources import SOURCES, Watch
 from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.sources import SOURCES, Watch
 
 _WATCHES: dict[type, list[Watch]] = defaultdict(list)
 for _source in SOURCES:

@@ -22,10 +22,15 @@ from sqlalchemy.orm import Session
 from dashboard.auth.models import User
 from dashboard.memory.models import MaintenanceLease, MemoryBuild
 from dashboard.memory.queue import build_job_id, fanout_job_id, get_redis
-from dashboard.memory.requests import push_jobs, request_builds, request_builds_for_plan
-from dashboard.memory.sources import SOURCES
+from dashboard.memory.requests import (
+    Fanout,
+    push_jobs,
+    request_builds,
+    request_builds_for_plan,
+)
 from dashboard.plans.models import Plan
 from dashboard.plans.services import effective_plan_id
+from dashboard.sources import SOURCES
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +96,7 @@ def sweep_builds(session: Session, *, stale_after: float | None = None,
         ).order_by(Plan.id)
     ).all()
     candidates = {build_job_id(i): ("build", i) for i in waiting}
-    candidates.update({fanout_job_id(i): ("fanout", i) for i in behind})
+    candidates.update({fanout_job_id(i): ("fanout", Fanout(i)) for i in behind})
     lost = _lost_jobs(candidates)
     session.flush()
     pushed = push_jobs(lost)
@@ -103,16 +108,18 @@ def sweep_builds(session: Session, *, stale_after: float | None = None,
 
 # -- plan fan-out ------------------------------------------------------------------------------
 
-def fan_out_plan_builds(session: Session, plan_id: int) -> int:
-    """Request a build for every active user of a plan whose cap or assignments changed,
-    a batch per commit; then note the change as fanned out. Idempotent: requests merge
-    into builds already queued, and a change made meanwhile is fanned out again."""
+def fan_out_plan_builds(session: Session, plan_id: int, *, mode: str = "quick",
+                        trigger: str = "plan_change", requested_by_id: int | None = None) -> int:
+    """Request a build for every active user of a plan, a batch per commit; then note the
+    plan's latest cap or assignment change as fanned out. Idempotent: requests merge into
+    builds already queued, and a change made meanwhile is fanned out again."""
     plan = session.get(Plan, plan_id)
     if plan is None:
         return 0
     changed_at = plan.memory_changed_at
     total = 0
-    for count in request_builds_for_plan(session, plan, trigger="plan_change"):
+    for count in request_builds_for_plan(session, plan, mode=mode, trigger=trigger,
+                                         requested_by_id=requested_by_id):
         session.commit()
         total += count
     if changed_at is not None:

@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session
 from dashboard.memory.chunking import chunk_text, content_hash
 from dashboard.memory.embedders import Embedder
 from dashboard.memory.models import MemoryChunk
-from dashboard.memory.sources import SOURCE_KEYS, Record, extract
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
+from dashboard.sources import SOURCE_KEYS, Record, extract
 
 # Namespace of the per-user advisory lock (the other half is the user id).
 BUILD_LOCK_NAMESPACE = 6_101

@@ -8,10 +8,10 @@ from rq import Queue
 
 
 def get_redis(app: Flask | None = None) -> Redis:
-    from dashboard.embedded import ensure_started
-
     app = app or current_app
-    ensure_started(app)
+    binding = app.extensions.get("orbitpilot.embedded")
+    if binding is not None:
+        binding.ensure_redis()
     client = app.extensions.get("orbitpilot.redis")
     if client is None:
         # Short timeouts: a Redis outage must fail a request's enqueue fast (the sweeper

@@ -11,6 +11,7 @@ requests whose job is gone (Redis was down).
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -155,10 +156,31 @@ def request_builds_for_plan(
         yield len(ids)
 
 
-def request_plan_fanout(session: Session, plan_id: int) -> None:
-    """Ask a worker to request builds for every user of a plan whose cap or assignments
-    changed; pushed after commit, so the admin's request never waits on thousands."""
-    defer_job(session, ("fanout", plan_id))
+@dataclass(frozen=True)
+class Fanout:
+    """A job that requests a build for every active user of a plan, a batch at a time.
+    ``trigger="plan_change"``: the plan's cap or assignments changed (the sweeper pushes
+    it again if it is lost); ``"admin"``: an admin asked to rebuild the whole plan."""
+
+    plan_id: int
+    mode: str = "quick"
+    trigger: str = "plan_change"
+    requested_by_id: int | None = None
+
+    @property
+    def job_id(self) -> str:
+        if self.trigger == "plan_change":
+            return fanout_job_id(self.plan_id)
+        return f"{fanout_job_id(self.plan_id)}-{self.trigger}-{uuid.uuid4().hex[:12]}"
+
+
+def request_plan_fanout(session: Session, plan_id: int, *, mode: str = "quick",
+                        trigger: str = "plan_change",
+                        requested_by_id: int | None = None) -> None:
+    """Ask a worker to request builds for every user of a plan; pushed after commit, so
+    an admin's request never loops over thousands of users."""
+    _check(mode, trigger)
+    defer_job(session, ("fanout", Fanout(plan_id, mode, trigger, requested_by_id)))
 
 
 # -- pushing to RQ after commit -------------------------------------------------------------
@@ -166,7 +188,7 @@ def request_plan_fanout(session: Session, plan_id: int) -> None:
 # rollback drops what that transaction and the savepoints inside it asked for, nothing
 # else; the outermost commit pushes what is left.
 
-def defer_job(session: Session | scoped_session, job: tuple[str, int]) -> None:
+def defer_job(session: Session | scoped_session, job: tuple[str, Any]) -> None:
     if isinstance(session, scoped_session):
         session = session()
     transaction = session.get_nested_transaction() or session.get_transaction()
@@ -190,9 +212,22 @@ def _drop_rolled_back(session: Session, previous_transaction: SessionTransaction
 
 @event.listens_for(Session, "after_commit")
 def _push_after_commit(session: Session) -> None:
+    # Fires for a released savepoint too: nothing is committed until the outermost
+    # transaction is, and its own after_commit pushes everything then.
+    if session.in_nested_transaction():
+        return
     pending = session.info.pop(_PENDING, None)
     if pending:
         push_jobs([job for _, job in pending])
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _drop_when_the_transaction_ends(session: Session, transaction: SessionTransaction) -> None:
+    # A session closed without commit or rollback: what it asked for goes with it.
+    if transaction.parent is None:
+        pending = session.info.get(_PENDING)
+        if pending:
+            pending[:] = [(t, job) for t, job in pending if not _inside(t, transaction)]
 
 
 def _enqueue_options(config: Any) -> dict[str, Any]:
@@ -205,22 +240,23 @@ def _enqueue_options(config: Any) -> dict[str, Any]:
     }
 
 
-def push_jobs(jobs: list[tuple[str, int]]) -> int:
-    """Push build and fan-out jobs; ids only, never content. Returns how many were pushed.
-
-    A Redis failure is logged (without content) and left to the sweeper."""
+def push_jobs(jobs: list[tuple[str, Any]]) -> int:
+    """Push build and fan-out jobs; ids and modes only, never content. Returns how many
+    were pushed. A Redis failure is logged (without content) and left to the sweeper."""
     if not jobs or not has_app_context():
         return 0
     options = _enqueue_options(current_app.config)
     try:
         queue = get_build_queue()
-        for kind, id_ in dict.fromkeys(jobs):
+        for kind, what in dict.fromkeys(jobs):
             if kind == "build":
-                queue.enqueue("jobs.builds.run_build", id_, job_id=build_job_id(id_),
-                              description=f"memory build {id_}", **options)
+                queue.enqueue("jobs.builds.run_build", what, job_id=build_job_id(what),
+                              description=f"memory build {what}", **options)
             else:
-                queue.enqueue("jobs.builds.fan_out_plan", id_, job_id=fanout_job_id(id_),
-                              description=f"plan {id_} build fan-out", **options)
+                queue.enqueue("jobs.builds.fan_out_plan", what.plan_id, mode=what.mode,
+                              trigger=what.trigger, requested_by_id=what.requested_by_id,
+                              job_id=what.job_id, **options,
+                              description=f"plan {what.plan_id} build fan-out ({what.mode})")
     except Exception as exc:  # Redis down, refused, timed out: the rows are safe in PostgreSQL
         log.warning("build queue unavailable (%s); %d job(s) left for the sweeper",
                     type(exc).__name__, len(jobs))

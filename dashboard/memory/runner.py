@@ -95,21 +95,17 @@ def _finish(engine: Engine, build_id: int, *, reason: str, requeue: bool) -> str
                 reason = f"{reason}; superseded by a newer queued build"
         conn.execute(
             update(MemoryBuild)
-            .where(MemoryBuild.id == build_id, MemoryBuild.status.in_(("queued", "running")))
+            .where(MemoryBuild.id == build_id, MemoryBuild.status == "running")
             .values(status="failed", error=reason, finished_at=func.clock_timestamp())
         )
     return "failed"
 
 
-def fail_build(build_id: int, reason: str) -> None:
-    """Used by the worker when a job dies outside our code (killed work horse)."""
-    _finish(db.engine, build_id, reason=reason, requeue=False)
-
-
 def abandon_build(build_id: int, reason: str) -> bool:
-    """A worker stopping mid-build (shut down, its work horse killed) records the build
-    failed at once instead of leaving it to the sweeper. Only a running build: one that
-    went back to the queue for a retry stays queued."""
+    """A job that ended outside our code (its work horse killed, the worker shut down)
+    records its build failed at once instead of leaving it to the sweeper. Only a running
+    build: one still queued (its horse died waiting for the user's lock, or it went back
+    to the queue for a retry) stays queued, and runs."""
     with db.engine.begin() as conn:
         return conn.execute(
             update(MemoryBuild)

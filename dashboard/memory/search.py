@@ -52,20 +52,25 @@ def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[H
 
 
 def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hit]:
-    # Transaction-local settings (set_config(..., true) is SET LOCAL with a parameter).
     # Iterative scans keep going until k rows of this user pass the filter; sorts and
     # bitmap scans are priced out, so the planner cannot swap in "read all of the user's
-    # rows and sort" on a path that exists for users too big for exactly that.
-    session.execute(text(
-        "SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
-        "set_config('hnsw.ef_search', :ef, true), set_config('enable_sort', 'off', true), "
-        "set_config('enable_bitmapscan', 'off', true)"), {"ef": str(max(40, 4 * k))})
-    distance = MemoryChunk.embedding.cosine_distance(vector)
-    rows = session.execute(
-        select(*_columns(), distance.label("distance"))
-        .where(MemoryChunk.user_id == user_id)
-        .order_by(distance).limit(k)
-    ).all()
+    # rows and sort" on a path that exists for users too big for exactly that. The
+    # settings are SET LOCAL inside a savepoint that is rolled back afterwards, so they
+    # never reach the caller's later statements.
+    savepoint = session.begin_nested()
+    try:
+        session.execute(text(
+            "SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
+            "set_config('hnsw.ef_search', :ef, true), set_config('enable_sort', 'off', true), "
+            "set_config('enable_bitmapscan', 'off', true)"), {"ef": str(max(40, 4 * k))})
+        distance = MemoryChunk.embedding.cosine_distance(vector)
+        rows = session.execute(
+            select(*_columns(), distance.label("distance"))
+            .where(MemoryChunk.user_id == user_id)
+            .order_by(distance).limit(k)
+        ).all()
+    finally:
+        savepoint.rollback()
     return [Hit(*row) for row in rows]
 
 

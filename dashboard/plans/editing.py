@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dashboard.memory.sources import SOURCES
 from dashboard.plans.models import Plan
+from dashboard.sources import SOURCES
 
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 MAX_PRICE_CENTS = 100_000_000
@@ -65,13 +65,21 @@ def _clean(session: Session, fields: PlanFields, plan_id: int | None) -> PlanFie
                       bool(fields.active))
 
 
+_UNIQUE_FIELDS = {"uq_plans_name": "name", "uq_plans_name_lower": "name",
+                  "uq_plans_slug": "slug"}
+
+
 def _flush(session: Session) -> None:
-    # A concurrent save with the same name or slug fails here, as a field error.
+    # A concurrent save with the same name or slug fails here, as a field error; any
+    # other refusal goes up to the caller, which says so without the database's words.
     try:
         with session.begin_nested():
             session.flush()
     except IntegrityError as exc:
-        field = "slug" if "slug" in str(exc.orig) else "name"
+        field = _UNIQUE_FIELDS.get(getattr(getattr(exc.orig, "diag", None),
+                                           "constraint_name", None))
+        if field is None:
+            raise
         raise PlanError(f"Another plan already has that {field}.", field) from None
 
 

@@ -12,6 +12,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
     text,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
@@ -30,6 +31,9 @@ class Plan(db.Model):
         # At most one plan is the default (free) plan that users without a plan are on.
         Index("uq_plans_single_default", "is_default", unique=True,
               postgresql_where=text("is_default")),
+        # Names are unique regardless of case ("Family" and "FAMILY" are one plan to a
+        # person), also against two saves at once.
+        Index("uq_plans_name_lower", func.lower(text("name")), unique=True),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)

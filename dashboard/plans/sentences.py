@@ -4,8 +4,8 @@ can never disagree word for word."""
 
 from __future__ import annotations
 
-from dashboard.memory.sources import get_source
 from dashboard.plans.services import Resolution, SourceResolution, SourceState
+from dashboard.sources import get_source
 
 CHAT_REMEMBERED = "Conversations are remembered so I can help you better"
 GUEST_INVITATION = (

@@ -12,14 +12,14 @@ from enum import StrEnum
 from typing import Any
 
 from flask import has_request_context, request
-from sqlalchemy import ColumnElement, func, or_, select
+from sqlalchemy import ColumnElement, Integer, func, literal, or_, select
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, joinedload
 
 from dashboard.auth.models import User
 from dashboard.extensions import db
-from dashboard.memory.sources import SOURCES
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
+from dashboard.sources import SOURCES
 
 FALLBACK_PLAN_NAME = "Free"
 
@@ -164,17 +164,23 @@ def resolve_sources(plan: UserPlan | None) -> Resolution:
 # -- the users of a plan ----------------------------------------------------------------
 # The one place that knows a user with no plan (plan_id NULL) is on the default plan.
 
-def users_of_plan(plan_id: int, is_default: bool) -> ColumnElement[bool]:
-    """SQL condition on ``users``: the user is on this plan (index-friendly)."""
-    if is_default:
-        return or_(User.plan_id.is_(None), User.plan_id == plan_id)
-    return User.plan_id == plan_id
+def plan_or_default(plan_id: Any) -> ColumnElement[int]:
+    """SQL: ``plan_id`` (a column or a value), or the default plan's id when it is NULL."""
+    default_plan = select(Plan.id).where(Plan.is_default).scalar_subquery()
+    return func.coalesce(plan_id, default_plan)
 
 
 def effective_plan_id() -> ColumnElement[int]:
     """SQL expression on ``users``: the id of the plan the user is on."""
-    default_plan = select(Plan.id).where(Plan.is_default).scalar_subquery()
-    return func.coalesce(User.plan_id, default_plan)
+    return plan_or_default(User.plan_id)
+
+
+def users_of_plan(plan_id: int, is_default: bool) -> ColumnElement[bool]:
+    """SQL condition on ``users``: the user is on this plan. The same rule as
+    ``effective_plan_id``, spelled so the index on ``users.plan_id`` serves it."""
+    if is_default:
+        return or_(User.plan_id.is_(None), User.plan_id == plan_id)
+    return User.plan_id == plan_id
 
 
 # -- reading plans ---------------------------------------------------------------------
@@ -202,14 +208,14 @@ def get_default_plan(session: Session | None = None) -> UserPlan:
 def get_plan_for_user(user: Any, session: Session | None = None) -> UserPlan | None:
     """The user's plan with its assignment rows, in one query; ``None`` for a guest.
 
-    A user with no plan is on the default plan (§3)."""
+    A user with no plan is on the default plan (§3); so is one whose plan row vanished
+    under us (deleted mid-request)."""
     if user is None or not getattr(user, "is_authenticated", False):
         return None
-    if user.plan_id is None:
+    plan = _load_plan(session, Plan.id == plan_or_default(literal(user.plan_id, Integer)))
+    if plan is None and user.plan_id is not None:
         return get_default_plan(session)
-    plan = _load_plan(session, Plan.id == user.plan_id)
-    # The plan row vanished under us (deleted mid-request): the default plan applies.
-    return UserPlan.from_plan(plan) if plan else get_default_plan(session)
+    return UserPlan.from_plan(plan) if plan else FALLBACK_PLAN
 
 
 # Kept in the WSGI environ, which lives exactly as long as the request (``g`` lives as

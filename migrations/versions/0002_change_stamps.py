@@ -5,7 +5,8 @@
   included) is visible to the schedule;
 - plans.fanned_out_at: how far the per-user build requests have caught up;
 - memory_builds.inputs_read_at, and two new build triggers;
-- maintenance_leases: one run per interval across all workers.
+- maintenance_leases: one run per interval across all workers;
+- plan names unique regardless of case.
 
 Revision ID: 0002
 Revises: 0001
@@ -77,6 +78,7 @@ def upgrade():
     sa.Column('holder', sa.String(length=128), server_default='', nullable=False),
     sa.PrimaryKeyConstraint('task', name=op.f('pk_maintenance_leases'))
     )
+    op.create_index('uq_plans_name_lower', 'plans', [sa.text('lower(name)')], unique=True)
     op.execute(STAMPS)
 
 
@@ -87,6 +89,7 @@ def downgrade():
     op.execute("DROP FUNCTION IF EXISTS plans_stamp_cap_change()")
     op.execute("DROP TRIGGER IF EXISTS users_plan_changed ON users")
     op.execute("DROP FUNCTION IF EXISTS users_stamp_plan_change()")
+    op.drop_index('uq_plans_name_lower', table_name='plans')
     op.drop_table('maintenance_leases')
     op.execute("UPDATE memory_builds SET trigger = 'system' "
                "WHERE trigger IN ('content_change', 'plan_change')")

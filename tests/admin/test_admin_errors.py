@@ -85,6 +85,28 @@ def test_plan_names_and_slugs_are_unique_regardless_of_case(client, db_session, 
     assert db_session.get(Plan, other.id).slug != taken
 
 
+def test_the_service_refuses_a_taken_slug_and_a_name_taken_in_another_case(db_session):
+    from dashboard.plans.editing import PlanError, PlanFields, update_plan
+
+    make_plan(db_session, name="Family")
+    taken = db_session.scalars(text("SELECT slug FROM plans WHERE name = 'Family'")).one()
+    other = make_plan(db_session, name="Solo")
+    with pytest.raises(PlanError, match="Another plan already has that slug.") as refused:
+        update_plan(db_session, other, PlanFields(name="Solo", slug=taken))
+    assert refused.value.field == "slug"
+    with pytest.raises(PlanError, match="Another plan already has that name."):
+        update_plan(db_session, other, PlanFields(name="fAMILY", slug="solo-2"))
+
+
+def test_the_database_itself_keeps_plan_names_unique_regardless_of_case(db_session):
+    from sqlalchemy.exc import IntegrityError
+
+    make_plan(db_session, name="Family")
+    with pytest.raises(IntegrityError, match="uq_plans_name_lower"), db_session.begin_nested():
+        db_session.add(Plan(name="FAMILY", slug="family-again"))
+        db_session.flush()
+
+
 def test_a_good_plan_edit_is_trimmed_and_saved(client, db_session, admin):
     plan = make_plan(db_session, name="Before")
     response = save(client, f"/admin/plan/edit/?id={plan.id}",

@@ -2,6 +2,7 @@
 
 from sqlalchemy import select
 
+from dashboard.memory.maintenance import fan_out_plan_builds
 from dashboard.memory.models import MemoryBuild
 from dashboard.plans.models import Plan
 from tests.conftest import csrf_from
@@ -25,16 +26,26 @@ def test_admin_action_requests_builds_for_selected_users(client, db_session, aut
         assert (build.mode, build.trigger, build.requested_by_id) == ("full", "admin", admin.id)
 
 
-def test_admin_action_fans_out_over_a_plan(client, db_session, auth):
-    make_user(db_session, role="admin", email="root@example.test")
+def test_admin_action_fans_out_over_a_plan_through_a_job(client, db_session, auth, queue):
+    admin = make_user(db_session, role="admin", email="root@example.test")
     plan = make_plan(db_session)
     members = [make_user(db_session, plan=plan) for _ in range(3)]
     outsider = make_user(db_session)
     auth.login("root@example.test")
+    queue.empty()
     token = csrf_from(client, "/admin/plan/")
-    client.post("/admin/plan/action/", data={"action": "build_quick", "rowid": [str(plan.id)],
-                                             "csrf_token": token})
-    assert all(len(builds_of(db_session, u.id)) == 1 for u in members)
+    response = client.post("/admin/plan/action/", data={
+        "action": "build_full", "rowid": [str(plan.id)], "csrf_token": token})
+    assert response.status_code == 302
+    # The request itself requested no build: one job per plan does, in the background.
+    assert all(builds_of(db_session, u.id) == [] for u in members)
+    (job,) = [queue.fetch_job(job_id) for job_id in queue.job_ids]
+    assert (job.func_name, job.args) == ("jobs.builds.fan_out_plan", (plan.id,))
+    assert job.kwargs == {"mode": "full", "trigger": "admin", "requested_by_id": admin.id}
+    assert fan_out_plan_builds(db_session, *job.args, **job.kwargs) == 3
+    for user in members:
+        (build,) = builds_of(db_session, user.id)
+        assert (build.mode, build.trigger, build.requested_by_id) == ("full", "admin", admin.id)
     assert builds_of(db_session, outsider.id) == []
 
 

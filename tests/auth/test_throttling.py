@@ -58,6 +58,17 @@ def test_a_client_is_throttled_whichever_accounts_it_tries(client, db_session, l
     assert attempt(client, "someone@example.test", PASSWORD, address()).status_code == 302
 
 
+def test_the_counts_live_in_the_apps_redis(app, client, db_session, limits):
+    from dashboard.memory.queue import get_redis
+
+    prefix = app.config["RATELIMIT_STORAGE_OPTIONS"]["key_prefix"]
+    redis = get_redis(app)
+    before = set(redis.scan_iter(f"{prefix}*"))
+    attempt(client, "counted@example.test", "wrong-guess-123", address())
+    added = {key.decode() for key in set(redis.scan_iter(f"{prefix}*")) - before}
+    assert any("counted@example.test" in key for key in added), added
+
+
 def test_successful_sign_ins_do_not_count(client, db_session, limits, auth):
     make_user(db_session, email="regular@example.test")
     here = address()

@@ -11,9 +11,13 @@ import psutil
 
 
 def servers_of(root: Path, name: str | None = None) -> list[psutil.Process]:
-    """Live processes whose command line names a path under ``root`` (the postmaster,
-    valkey-server, initdb), optionally only those whose program is ``name``."""
-    root_text = str(Path(root).resolve())
+    """Live processes whose command line names a path under ``root`` or the socket
+    folder of ``root`` (or of ``root/services``, for an instance folder): the postmaster,
+    valkey-server (its title names its socket), initdb. Optionally only program ``name``."""
+    from dashboard.embedded import _socket_dir_for
+
+    root = Path(root).resolve()
+    paths = {str(root), str(_socket_dir_for(root)), str(_socket_dir_for(root / "services"))}
     found = []
     for proc in psutil.process_iter(["cmdline", "name", "status"]):
         try:
@@ -23,7 +27,7 @@ def servers_of(root: Path, name: str | None = None) -> list[psutil.Process]:
             if name and not (proc.info["name"] == name or
                              (cmdline and cmdline[0].endswith(f"/{name}"))):
                 continue
-            if any(root_text in part for part in cmdline) and \
+            if any(path in part for part in cmdline for path in paths) and \
                     not any(part.endswith(("python", "python3")) for part in cmdline[:1]):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):

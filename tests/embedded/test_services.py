@@ -4,6 +4,7 @@ Each test uses folders of its own, so the suite's own servers are not disturbed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -141,8 +142,8 @@ def test_stop_refuses_while_another_process_holds_them_unless_forced(tmp_path):
 
 
 def test_services_commands_start_nothing_and_tell_the_truth(tmp_path):
-    env = {"ORBITPILOT_INSTANCE": str(tmp_path / "instance"), "FLASK_APP": "wsgi.py"}
-    env.pop("DATABASE_URL", None)
+    env = {"ORBITPILOT_INSTANCE": str(tmp_path / "instance"), "FLASK_APP": "wsgi.py",
+           "DATABASE_URL": "", "REDIS_URL": ""}  # empty: the embedded default
     out = run_python("""
         from flask.cli import main
         import sys
@@ -324,3 +325,57 @@ def test_sigint_to_a_holder_during_start_leaves_nothing_behind(tmp_path):
     services = EmbeddedServices(root)
     services.ensure()
     services.release()
+
+
+def test_a_planted_socket_folder_is_refused_never_used(tmp_path):
+    deep = tmp_path
+    while len(str(deep / "services" / "run" / "valkey.sock")) <= 140:
+        deep = deep / "a-rather-long-folder-name"
+    services = EmbeddedServices(deep / "services")
+    planted = services.socket_dir
+    planted.mkdir(parents=True, exist_ok=True)
+    os.chown(planted, 65534, 65534)  # someone else's folder, under the guessable name
+    try:
+        with pytest.raises(EmbeddedError, match="was not made by this set-up"):
+            services.ensure()
+        assert servers_of(deep / "services") == []
+        assert os.stat(planted).st_uid == 65534  # not taken over (no chmod, no chown)
+    finally:
+        planted.rmdir()
+
+
+def test_a_valkey_that_stopped_answering_is_replaced_not_duplicated(tmp_path):
+    root = tmp_path / "services"
+    first = EmbeddedServices(root)
+    first.ensure(postgres=False)
+    frozen = first._valkey_pid()
+    os.kill(frozen, signal.SIGSTOP)  # alive, but answers nothing
+
+    class Impatient(EmbeddedServices):
+        answer_grace = 1.0
+
+    second = Impatient(root)
+    try:
+        second.ensure(postgres=False, hold=False)
+        valkeys = servers_of(root, "valkey-server")
+        assert len(valkeys) == 1 and valkeys[0].pid != frozen  # the frozen one is gone
+        assert redis.Redis.from_url(second.urls().redis).ping()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(frozen, signal.SIGKILL)
+        first.release()
+    assert servers_of(root) == []
+
+
+def test_a_stale_pid_file_naming_another_live_process_does_not_block_the_start(tmp_path):
+    root = tmp_path / "services"
+    services = EmbeddedServices(root)
+    services.ensure(redis=False)
+    services.release()
+    # After a reboot the old pid may belong to anyone: here, to this test process.
+    (root / "pgdata" / "postmaster.pid").write_text(f"{os.getpid()}\n{root / 'pgdata'}\n")
+    services.ensure(redis=False)
+    try:
+        assert services.status()["postgres"] == "running"
+    finally:
+        services.release()

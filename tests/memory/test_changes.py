@@ -20,11 +20,11 @@ from dashboard.memory.queue import build_job_id, fanout_job_id
 from dashboard.memory.requests import request_build
 from dashboard.memory.runner import DEAD_PREDECESSOR, execute_build
 from dashboard.memory.search import search_memory
-from dashboard.memory.sources import CHAT_HISTORY
 from dashboard.orbitpilot.models import Message, ProfileFact
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import resolve_build_sources
+from dashboard.sources import CHAT_HISTORY
 from dashboard.xmemo.models import Memory
 from tests.conftest import csrf_from
 from tests.factories import PASSWORD, default_plan, make_conversation, make_plan, make_user
@@ -175,6 +175,30 @@ def test_a_savepoint_rollback_keeps_the_outer_transactions_pushes(db_session, qu
     assert sorted(queue.job_ids) == sorted([build_job_id(first.build_id),
                                             build_job_id(third.build_id)])
     assert queued(db_session, inner.id) == []
+
+
+def test_nothing_is_pushed_before_the_outermost_commit(db_session, queue):
+    user, plan = make_user(db_session), make_plan(db_session, cap=3)
+    request_build(db_session, user.id)
+    with db_session.begin_nested():  # a savepoint released is not a commit
+        pass
+    from dashboard.plans.editing import PlanFields, update_plan
+
+    update_plan(db_session, plan, PlanFields(name=plan.name, slug=plan.slug,
+                                             included_sources=4))  # flushes in a savepoint
+    assert queue.job_ids == []
+    db_session.commit()
+    assert len(queue.job_ids) == 2
+
+
+def test_a_released_savepoint_then_an_outer_rollback_pushes_nothing(db_session, queue):
+    user = make_user(db_session)
+    db_session.commit()
+    with db_session.begin_nested():
+        request_build(db_session, user.id)
+    db_session.rollback()
+    db_session.commit()
+    assert queue.job_ids == []
 
 
 def test_the_pushed_job_carries_the_configured_timeout_and_retries(app, db_session, queue):

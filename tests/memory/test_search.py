@@ -80,10 +80,9 @@ def test_small_user_among_many_always_gets_k_rows_matching_exact_order(db_sessio
     assert [h.distance for h in hits] == sorted(h.distance for h in hits)
 
 
-def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(
-        db_session, count_queries):
+def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(db_session):
     """EXPLAIN of the very statement search_memory ran shows the HNSW index."""
-    from sqlalchemy import event
+    from sqlalchemy import event, text
 
     from dashboard.extensions import db
 
@@ -97,7 +96,7 @@ def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(
     ran: list[tuple[str, object]] = []
 
     def record(conn, cursor, statement, parameters, context, executemany):
-        if "<=>" in statement:
+        if "<=>" in statement or "set_config" in statement:
             ran.append((statement, parameters))
 
     event.listen(db.engine, "before_cursor_execute", record)
@@ -108,10 +107,15 @@ def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(
         event.remove(db.engine, "before_cursor_execute", record)
     assert len(hits) == 10
     assert {h.content for h in hits} <= {f"c{10_000 + i}" for i in range(200)}
-    assert len(ran) == 1  # the HNSW path alone answered: no exact top-up
-    statement, parameters = ran[0]
+    (settings, settings_parameters), (statement, parameters) = ran  # HNSW alone: no top-up
+    # Its settings stayed inside search_memory: the caller's transaction is as it was.
+    assert db_session.execute(text("SHOW enable_sort")).scalar() == "on"
+    # Replayed as it ran (settings, then the query), the plan is the HNSW index's.
     cursor = db_session.connection().connection.driver_connection.cursor()
-    plan = "\n".join(row[0] for row in cursor.execute("EXPLAIN " + statement, parameters))
+    with db_session.begin_nested() as replay:
+        cursor.execute(settings, settings_parameters)
+        plan = "\n".join(row[0] for row in cursor.execute("EXPLAIN " + statement, parameters))
+        replay.rollback()
     assert "Index Scan using ix_memory_chunks_embedding_hnsw" in plan, plan
     assert "Sort" not in plan, plan
 

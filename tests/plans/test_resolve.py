@@ -2,7 +2,6 @@
 
 import pytest
 
-from dashboard.memory.sources import CHAT_HISTORY, SOURCE_KEYS, SOURCES
 from dashboard.plans.sentences import GUEST_INVITATION, state_sentence
 from dashboard.plans.services import (
     SourceState,
@@ -11,6 +10,7 @@ from dashboard.plans.services import (
     resolve_build_sources,
     resolve_sources,
 )
+from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, SOURCES
 from tests.factories import default_plan, make_plan, make_user
 
 PROFILE, BLINKS, SAVED, CHAT, DOCS = SOURCE_KEYS

@@ -4,14 +4,14 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from dashboard.blinks.models import Blink
-from dashboard.memory.sources import (
+from dashboard.orbitpilot.models import Message, ProfileFact
+from dashboard.sources import (
     _extract_chat_history,
     extract,
     extract_blinks,
     extract_profile,
     extract_saved_memories,
 )
-from dashboard.orbitpilot.models import Message, ProfileFact
 from dashboard.xmemo.models import Memory
 from tests.factories import make_conversation, make_user, user_turns
 
