@@ -29,8 +29,9 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     from dashboard.config import settings_from_env
 
     app.config.update(
-        # hide_parameters: no SQL parameter (content, a password hash) ever reaches an
-        # exception message, a log line or a page.
+        # hide_parameters: SQLAlchemy's exception messages and logs never carry a
+        # statement's parameters (content, a password hash). The database's own DETAIL can
+        # still quote a row, which is why no page ever shows exception text (errors.py).
         SQLALCHEMY_ENGINE_OPTIONS={"pool_pre_ping": True, "hide_parameters": True,
                                    "connect_args": {"connect_timeout": 5}},
         SESSION_COOKIE_HTTPONLY=True,
