@@ -64,15 +64,20 @@ class RandomQuery:
         return vector / np.linalg.norm(vector)
 
 
+def user_among_a_crowd(db_session, rng, *, chunks: int):
+    """A user with ``chunks`` random chunks (contents c10000…) beside one with 3,000."""
+    crowd = make_user(db_session)
+    _random_chunks(db_session, crowd.id, 3000, rng)
+    user = make_user(db_session)
+    _random_chunks(db_session, user.id, chunks, rng, offset=10_000)
+    db_session.flush()
+    return user
+
+
 @pytest.mark.parametrize("exact_max", [50_000, 0], ids=["exact", "hnsw-iterative"])
 def test_small_user_among_many_always_gets_k_rows_matching_exact_order(db_session, exact_max):
     rng = np.random.default_rng(7)
-    crowd = make_user(db_session)
-    _random_chunks(db_session, crowd.id, 3000, rng)
-    small = make_user(db_session)
-    _random_chunks(db_session, small.id, 10, rng, offset=10_000)
-    db_session.flush()
-
+    small = user_among_a_crowd(db_session, rng, chunks=10)
     hits = search_memory(db_session, small.id, "anything", 10, embedder=RandomQuery(rng),
                          exact_max_chunks=exact_max)
     assert len(hits) == 10
@@ -87,11 +92,7 @@ def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(db
     from dashboard.extensions import db
 
     rng = np.random.default_rng(11)
-    crowd = make_user(db_session)
-    _random_chunks(db_session, crowd.id, 3000, rng)
-    big = make_user(db_session)
-    _random_chunks(db_session, big.id, 200, rng, offset=10_000)
-    db_session.flush()
+    big = user_among_a_crowd(db_session, rng, chunks=200)
 
     ran: list[tuple[str, object]] = []
 
