@@ -10,15 +10,11 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
   exit 1
 fi
 VENV="${VENV:-$ROOT/.venv}"
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "==> creating virtualenv in $VENV"
-  "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --upgrade pip
-fi
 
 # Install only when pyproject.toml changed or this command needs an extra that is not
 # installed yet; then install the union, so switching between the run and test commands
-# never reinstalls. The stamp is written last: an interrupted install is redone.
+# never reinstalls. The stamp is written last: an interrupted install is redone, and a
+# virtualenv whose creation was interrupted (no working pip) is made again.
 stamp="$VENV/.orbitpilot-installed"
 digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 have_digest="" have_extras=""
@@ -26,6 +22,12 @@ if [ -f "$stamp" ]; then read -r have_digest have_extras < "$stamp" || true; fi
 if [ "$have_digest" != "$digest" ]; then have_extras=""; fi
 union="$(printf '%s\n' ${have_extras//,/ } ${EXTRAS//,/ } | sed '/^$/d' | sort -u | paste -sd, -)"
 if [ "$have_digest" != "$digest" ] || [ "$union" != "$have_extras" ]; then
+  if ! { [ -x "$VENV/bin/pip" ] && "$VENV/bin/pip" --version >/dev/null 2>&1; }; then
+    echo "==> creating virtualenv in $VENV"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
+  fi
   echo "==> installing orbitpilot-dashboard${union:+[$union]}"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${union:+[$union]}"
   echo "$digest $union" > "$stamp"

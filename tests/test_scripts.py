@@ -11,18 +11,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def make_venv(tmp_path: Path) -> tuple[Path, Path]:
+def fake_pip(venv: Path, log: Path) -> None:
+    """A pip that records what it is asked to install (and answers --version)."""
+    pip = venv / "bin" / "pip"
+    pip.write_text(f'#!/bin/sh\n[ "$1" = "--version" ] && exit 0\necho "$@" >> {log}\n')
+    pip.chmod(0o755)
+
+
+def make_venv(tmp_path: Path, *, with_pip: bool = True) -> tuple[Path, Path]:
     venv, log = tmp_path / "venv", tmp_path / "pip.log"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    pip = venv / "bin" / "pip"
-    pip.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
-    pip.chmod(0o755)
+    if with_pip:
+        fake_pip(venv, log)
     return venv, log
 
 
-def source_env(venv: Path, extras: str) -> str:
-    env = {**os.environ, "VENV": str(venv), "EXTRAS": extras}
+def fake_python(tmp_path: Path, log: Path) -> Path:
+    """A python whose ``-m venv DIR`` makes a virtualenv with the recording pip."""
+    script = tmp_path / "python3"
+    script.write_text(f"""#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+  mkdir -p "$3/bin" && ln -sf {sys.executable} "$3/bin/python"
+  printf '#!/bin/sh\\n[ "$1" = "--version" ] \\&\\& exit 0\\necho "$@" >> {log}\\n' > "$3/bin/pip"
+  chmod +x "$3/bin/pip"; exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    script.chmod(0o755)
+    return script
+
+
+def source_env(venv: Path, extras: str, **extra_env: str) -> str:
+    env = {**os.environ, "VENV": str(venv), "EXTRAS": extras, **extra_env}
     result = subprocess.run(["bash", "-c", 'source scripts/_env.sh && echo "ready"'],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -51,3 +72,12 @@ def test_an_extra_not_installed_yet_installs_the_union(tmp_path):
     assert installs(log)[-1].endswith("-e .[dev,ml]")
     source_env(venv, "ml")
     assert len(installs(log)) == 2
+
+
+def test_a_virtualenv_left_half_made_by_a_killed_first_run_is_made_again(tmp_path):
+    venv, log = make_venv(tmp_path, with_pip=False)  # killed before pip was in place
+    output = source_env(venv, "", PYTHON=str(fake_python(tmp_path, log)))
+    assert "creating virtualenv" in output
+    assert installs(log)[0].startswith("install --quiet --disable-pip-version-check --upgrade")
+    assert installs(log)[-1].endswith("-e .")
+    assert (venv / ".orbitpilot-installed").exists()
