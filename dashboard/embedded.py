@@ -233,6 +233,11 @@ class EmbeddedServices:
         finally:
             if only is None or "postgres" in only:
                 self._stop_postgres()
+            if self.root not in self.socket_dir.parents:
+                # A folder of ours under the temp folder: gone with the servers (it stays
+                # while either still has its socket in it).
+                with suppress(OSError):
+                    self.socket_dir.rmdir()
 
     # -- PostgreSQL -----------------------------------------------------------
     def _admin_dsn(self, timeout: float = 3) -> str:
