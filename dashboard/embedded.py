@@ -129,6 +129,9 @@ class EmbeddedServices:
         tmp.write_text(json.dumps(sorted([h.pid, h.started] for h in unique.values())))
         tmp.replace(self._holders)
 
+    def _other_holders(self) -> list[Holder]:
+        return [h for h in self._read_holders() if h.pid != os.getpid()]
+
     def holders(self) -> list[int]:
         """Pids of the live processes holding the servers (dead ones pruned)."""
         with self._locked():
@@ -144,7 +147,7 @@ class EmbeddedServices:
         them. If one cannot be started, what this call started is stopped again (unless
         another live process holds the servers) and EmbeddedError says why."""
         with self._locked():
-            others = [h for h in self._read_holders() if h.pid != os.getpid()]
+            others = self._other_holders()
             started: list[str] = []
             try:
                 self._prepare_socket_dir()
@@ -172,7 +175,7 @@ class EmbeddedServices:
         with suppress(Exception):
             atexit.unregister(self.release)
         with self._locked():
-            remaining = [h for h in self._read_holders() if h.pid != os.getpid()]
+            remaining = self._other_holders()
             self._write_holders(remaining)
             if not remaining:
                 self._stop_all()
@@ -181,7 +184,7 @@ class EmbeddedServices:
         """Stop both servers. Refused (returns the live holders) while other processes
         hold them, unless ``force``."""
         with self._locked():
-            others = [h.pid for h in self._read_holders() if h.pid != os.getpid()]
+            others = [h.pid for h in self._other_holders()]
             if others and not force:
                 return others
             self._write_holders([])
@@ -690,16 +693,6 @@ def _adopt(conn: Any, name: str, owner: str) -> None:
         owner=sql.Identifier(owner)))
     conn.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
         sql.Identifier(name), sql.Identifier(owner)))
-
-
-def default_root() -> Path:
-    """The folder the app uses when ORBITPILOT_EMBEDDED_DIR is unset (see config.py)."""
-    configured = os.environ.get("ORBITPILOT_EMBEDDED_DIR")
-    if configured:
-        return Path(configured)
-    instance = os.environ.get("ORBITPILOT_INSTANCE") or Path(__file__).resolve().parent.parent \
-        / "instance"
-    return Path(instance) / "services"
 
 
 _services: dict[Path, EmbeddedServices] = {}

@@ -68,7 +68,9 @@ def reject_unreadable_input() -> None:
 def csp_nonce() -> str:
     """One nonce per request, kept in the request's environ (``g`` can outlive a request
     when an app context spans several, as in tests and CLI code)."""
-    return request.environ.setdefault("orbitpilot.csp_nonce", secrets.token_urlsafe(18))
+    if "orbitpilot.csp_nonce" not in request.environ:
+        request.environ["orbitpilot.csp_nonce"] = secrets.token_urlsafe(18)
+    return request.environ["orbitpilot.csp_nonce"]
 
 
 def content_security_policy(nonce: str) -> str:

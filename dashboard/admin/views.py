@@ -140,6 +140,7 @@ class StaffModelView(_RoleGate, ModelView):
             return result
         except errors as exc:
             db.session.rollback()
+            # ``errors`` are the services' own refusals: sentences written for people.
             field = getattr(form, getattr(exc, "field", None) or "", None)
             if field is not None:
                 field.errors = [*field.errors, str(exc)]

@@ -45,18 +45,13 @@ def changed_owners(session: Session) -> tuple[set[int], set[int], set[int]]:
     content: set[int] = set()
     plan_moves: set[int] = set()
     plans: set[int] = set()
-    for obj in session.new:
-        for watch in _WATCHES.get(type(obj), ()):
-            if watch.on_insert:
-                content |= _owners(obj, watch)
-        if isinstance(obj, SourceAssignment):
-            plans.add(obj.plan_id)
-    for obj in session.deleted:
-        for watch in _WATCHES.get(type(obj), ()):
-            if watch.on_delete:
-                content |= _owners(obj, watch)
-        if isinstance(obj, SourceAssignment):
-            plans.add(obj.plan_id)
+    for objects, counts in ((session.new, "on_insert"), (session.deleted, "on_delete")):
+        for obj in objects:
+            for watch in _WATCHES.get(type(obj), ()):
+                if getattr(watch, counts):
+                    content |= _owners(obj, watch)
+            if isinstance(obj, SourceAssignment):
+                plans.add(obj.plan_id)
     for obj in session.dirty:
         for watch in _WATCHES.get(type(obj), ()):
             if _changed(obj, {*watch.fields, watch.owner}):

@@ -28,6 +28,7 @@ from dashboard.memory.requests import (
     request_builds,
     request_builds_for_plan,
 )
+from dashboard.memory.runner import fail_running
 from dashboard.plans.models import Plan
 from dashboard.plans.services import effective_plan_id
 from dashboard.sources import SOURCES
@@ -77,14 +78,10 @@ def sweep_builds(session: Session, *, stale_after: float | None = None,
     requeue_after = requeue_after if requeue_after is not None \
         else config["BUILD_REQUEUE_SECONDS"]
     old = func.clock_timestamp() - timedelta(seconds=requeue_after)
-    failed = session.execute(
-        update(MemoryBuild)
-        .where(MemoryBuild.status == "running",
-               MemoryBuild.heartbeat_at < func.clock_timestamp() - timedelta(seconds=stale_after))
-        .values(status="failed", finished_at=func.clock_timestamp(),
-                error="worker stopped heartbeating (killed or lost)")
-        .returning(MemoryBuild.id)
-    ).scalars().all()
+    failed = session.execute(fail_running(
+        MemoryBuild.heartbeat_at < func.clock_timestamp() - timedelta(seconds=stale_after),
+        reason="worker stopped heartbeating (killed or lost)",
+    ).returning(MemoryBuild.id)).scalars().all()
     waiting = session.scalars(
         select(MemoryBuild.id).where(MemoryBuild.status == "queued", MemoryBuild.created_at < old)
         .order_by(MemoryBuild.id)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -166,12 +166,15 @@ class Fanout:
     mode: str = "quick"
     trigger: str = "plan_change"
     requested_by_id: int | None = None
+    # An admin's rebuild is a job of its own; a change's fan-out has the one id the
+    # sweeper looks for.
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:12], compare=False)
 
     @property
     def job_id(self) -> str:
         if self.trigger == "plan_change":
             return fanout_job_id(self.plan_id)
-        return f"{fanout_job_id(self.plan_id)}-{self.trigger}-{uuid.uuid4().hex[:12]}"
+        return f"{fanout_job_id(self.plan_id)}-{self.trigger}-{self.token}"
 
 
 def request_plan_fanout(session: Session, plan_id: int, *, mode: str = "quick",
@@ -203,11 +206,16 @@ def _inside(transaction: SessionTransaction | None, ancestor: SessionTransaction
     return False
 
 
-@event.listens_for(Session, "after_soft_rollback")
-def _drop_rolled_back(session: Session, previous_transaction: SessionTransaction) -> None:
+def _forget(session: Session, transaction: SessionTransaction) -> None:
+    """Drop what ``transaction`` and the savepoints inside it asked for."""
     pending = session.info.get(_PENDING)
     if pending:
-        pending[:] = [(t, job) for t, job in pending if not _inside(t, previous_transaction)]
+        pending[:] = [(t, job) for t, job in pending if not _inside(t, transaction)]
+
+
+@event.listens_for(Session, "after_soft_rollback")
+def _drop_rolled_back(session: Session, previous_transaction: SessionTransaction) -> None:
+    _forget(session, previous_transaction)
 
 
 @event.listens_for(Session, "after_commit")
@@ -225,9 +233,7 @@ def _push_after_commit(session: Session) -> None:
 def _drop_when_the_transaction_ends(session: Session, transaction: SessionTransaction) -> None:
     # A session closed without commit or rollback: what it asked for goes with it.
     if transaction.parent is None:
-        pending = session.info.get(_PENDING)
-        if pending:
-            pending[:] = [(t, job) for t, job in pending if not _inside(t, transaction)]
+        _forget(session, transaction)
 
 
 def _enqueue_options(config: Any) -> dict[str, Any]:
@@ -263,6 +269,3 @@ def push_jobs(jobs: list[tuple[str, Any]]) -> int:
         return 0
     return len(jobs)
 
-
-def enqueue_build_jobs(build_ids: list[int]) -> int:
-    return push_jobs([("build", build_id) for build_id in build_ids])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import suppress
+from typing import Any
 
 from flask import current_app
 from sqlalchemy import func, select, update
@@ -78,6 +79,12 @@ class Heartbeat:
         self._thread.join(timeout=self.interval + 5)
 
 
+def fail_running(*where: Any, reason: str) -> Any:
+    """UPDATE: the running builds matching ``where`` are failed now, with ``reason``."""
+    return (update(MemoryBuild).where(MemoryBuild.status == "running", *where)
+            .values(status="failed", error=reason, finished_at=func.clock_timestamp()))
+
+
 def _finish(engine: Engine, build_id: int, *, reason: str, requeue: bool) -> str:
     """Mark a build failed, or queued again for RQ's retry. Its own short transaction:
     the build's connection may be the thing that broke."""
@@ -93,11 +100,7 @@ def _finish(engine: Engine, build_id: int, *, reason: str, requeue: bool) -> str
             except IntegrityError:
                 # A newer request is already queued for this user; it will do the work.
                 reason = f"{reason}; superseded by a newer queued build"
-        conn.execute(
-            update(MemoryBuild)
-            .where(MemoryBuild.id == build_id, MemoryBuild.status == "running")
-            .values(status="failed", error=reason, finished_at=func.clock_timestamp())
-        )
+        conn.execute(fail_running(MemoryBuild.id == build_id, reason=reason))
     return "failed"
 
 
@@ -107,11 +110,7 @@ def abandon_build(build_id: int, reason: str) -> bool:
     build: one still queued (its horse died waiting for the user's lock, or it went back
     to the queue for a retry) stays queued, and runs."""
     with db.engine.begin() as conn:
-        return conn.execute(
-            update(MemoryBuild)
-            .where(MemoryBuild.id == build_id, MemoryBuild.status == "running")
-            .values(status="failed", error=reason, finished_at=func.clock_timestamp())
-        ).rowcount == 1
+        return conn.execute(fail_running(MemoryBuild.id == build_id, reason=reason)).rowcount == 1
 
 
 def _claim(session: Session, build_id: int, user_id: int, embedder: Embedder):
@@ -119,12 +118,8 @@ def _claim(session: Session, build_id: int, user_id: int, embedder: Embedder):
     user is alive: one still marked running lost its worker (whose lock died with its
     connection), so it is failed here rather than blocking this claim on the one-running
     index and spending this job's retries."""
-    session.execute(
-        update(MemoryBuild)
-        .where(MemoryBuild.user_id == user_id, MemoryBuild.status == "running",
-               MemoryBuild.id != build_id)
-        .values(status="failed", error=DEAD_PREDECESSOR, finished_at=func.clock_timestamp())
-    )
+    session.execute(fail_running(MemoryBuild.user_id == user_id, MemoryBuild.id != build_id,
+                                 reason=DEAD_PREDECESSOR))
     return session.execute(
         update(MemoryBuild)
         .where(MemoryBuild.id == build_id, MemoryBuild.status == "queued")

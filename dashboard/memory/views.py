@@ -18,7 +18,7 @@ def update_now():
     try:
         request_user_update(db.session, current_user)
     except RateLimited as exc:
-        flash(str(exc), "warning")
+        flash(str(exc), "warning")  # RateLimited is our own sentence, with the wait
         return redirect(url_for("main.index")), 303
     db.session.commit()
     flash("Your memory will be updated in a moment.", "success")
