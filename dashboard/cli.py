@@ -6,8 +6,12 @@ import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 
+from dashboard.audit.services import Actor
 from dashboard.auth import services as accounts
 from dashboard.extensions import db
+
+# Commands run by whoever operates the server: the audit log names them as such.
+CLI_ACTOR = Actor("system", "cli")
 
 
 def register_cli(app: Flask) -> None:
@@ -18,6 +22,7 @@ def register_cli(app: Flask) -> None:
     app.cli.add_command(seed_demo_command)
     app.cli.add_command(worker_command)
     app.cli.add_command(builds_group)
+    app.cli.add_command(audit_group)
 
 
 @click.group("services", help="The embedded PostgreSQL and Valkey servers.")
@@ -107,7 +112,7 @@ def set_role_command(email: str, role: str) -> None:
     if user is None:
         _fail(f"No account with email {email!r}.")
     try:
-        change = accounts.set_role(db.session, user, role)
+        change = accounts.set_role(db.session, user, role, actor=CLI_ACTOR)
     except accounts.AccountError as exc:
         _fail(str(exc))
     db.session.commit()
@@ -152,7 +157,7 @@ def builds_group() -> None:
 @with_appcontext
 def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
     """Request a build for one user or a whole plan (committed a batch at a time)."""
-    from dashboard.memory.requests import request_build, request_builds_for_plan
+    from dashboard.memory.requests import request_builds_by_staff, request_builds_for_plan
 
     if bool(email) == bool(plan_ref):
         _fail("Give exactly one of --user or --plan.")
@@ -160,7 +165,7 @@ def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
         user = accounts.get_user_by_email(db.session, email)
         if user is None:
             _fail(f"No account with email {email!r}.")
-        request = request_build(db.session, user.id, mode=mode, trigger="admin")
+        (request,) = request_builds_by_staff(db.session, [user.id], mode=mode, actor=CLI_ACTOR)
         db.session.commit()
         state = "merged into queued build" if request.merged else "queued as build"
         click.echo(f"{user.email}: {state} {request.build_id}")
@@ -169,10 +174,15 @@ def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
         plan = accounts.find_plan(db.session, plan_ref)
     except accounts.AccountError as exc:
         _fail(str(exc))
+    from dashboard.audit.services import record_event
+
+    record_event(db.session, action="build.request_plan", actor=CLI_ACTOR, target_type="plan",
+                 target_id=plan.id, mode=mode)
     total = 0
     for count in request_builds_for_plan(db.session, plan, mode=mode):
         db.session.commit()
         total += count
+    db.session.commit()
     click.echo(f"{plan.slug}: requested {mode} builds for {total} user(s)")
 
 
@@ -202,3 +212,35 @@ def builds_schedule(everyone: bool) -> None:
     scheduled = request_scheduled_builds(db.session, everyone=everyone)
     db.session.commit()
     click.echo(f"requested {scheduled} scheduled and {idle} idle-conversation build(s)")
+
+
+@click.group("audit", help="The append-only, hash-chained audit log.")
+def audit_group() -> None:
+    pass
+
+
+@audit_group.command("verify")
+@with_appcontext
+def audit_verify() -> None:
+    """Recompute the hash chain; print OK or the first broken event (exit status 1)."""
+    from dashboard.audit.services import verify_chain
+
+    result = verify_chain(db.session)
+    db.session.rollback()
+    click.echo(result.describe())
+    if not result.ok:
+        raise SystemExit(1)
+
+
+@audit_group.command("checkpoint")
+@with_appcontext
+def audit_checkpoint() -> None:
+    """Write the chain head down (the worker also does this periodically)."""
+    from dashboard.audit.services import checkpoint_chain
+
+    checkpoint = checkpoint_chain(db.session)
+    db.session.commit()
+    if checkpoint is None:
+        click.echo("No new events since the last checkpoint.")
+    else:
+        click.echo(f"Checkpoint at seq {checkpoint.seq}: {checkpoint.hash}")

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from wtforms import SelectField
 from wtforms.fields import SelectChoice
 
+from dashboard.audit.services import Actor
 from dashboard.auth.models import ROLES
 from dashboard.extensions import db
 
@@ -192,14 +193,16 @@ class PlanView(AdminOnlyView):
     def create_model(self, form: Any) -> Any:
         from dashboard.plans.editing import PlanError, create_plan
 
-        return self.save_through(form, lambda: create_plan(db.session, self._fields(form)),
+        return self.save_through(form, lambda: create_plan(db.session, self._fields(form),
+                                                           actor=Actor.of(current_user)),
                                  (PlanError,))
 
     def update_model(self, form: Any, model: Any) -> bool:
         from dashboard.plans.editing import PlanError, update_plan
 
         return bool(self.save_through(
-            form, lambda: update_plan(db.session, model, self._fields(form)), (PlanError,)))
+            form, lambda: update_plan(db.session, model, self._fields(form),
+                                      actor=Actor.of(current_user)), (PlanError,)))
 
     @action("build_quick", "Quick memory update for every user",
             "Request a quick build for every user of these plans?")
@@ -212,15 +215,10 @@ class PlanView(AdminOnlyView):
         self._request_for_plans(self.ids_from(ids), "full")
 
     def _request_for_plans(self, ids: list[int], mode: str) -> None:
-        """A job per plan requests the builds: the admin's request never loops over
-        thousands of users."""
-        from dashboard.memory.requests import request_plan_fanout
-        from dashboard.plans.models import Plan
+        from dashboard.memory.requests import request_plan_builds_by_staff
 
-        plans = db.session.scalars(select(Plan.id).where(Plan.id.in_(ids))).all()
-        for plan_id in plans:
-            request_plan_fanout(db.session, plan_id, mode=mode, trigger="admin",
-                                requested_by_id=current_user.id)
+        plans = request_plan_builds_by_staff(db.session, ids, mode=mode,
+                                             actor=Actor.of(current_user))
         db.session.commit()
         flash(f"A {mode} build will be requested for every user of {len(plans)} plan(s); "
               "they appear under Builds as they are requested.", "success")
@@ -258,7 +256,7 @@ class UserView(AdminOnlyView):
         plan_id = int(form.plan_ref.data) if form.plan_ref.data else None
         return bool(self.save_through(form, lambda: update_account(
             db.session, model, role=form.role.data, plan_id=plan_id,
-            active=bool(form.active.data)), (AccountError,)))
+            active=bool(form.active.data), actor=Actor.of(current_user)), (AccountError,)))
 
     @action("build_quick", "Quick memory update", "Request a quick build for these users?")
     def action_build_quick(self, ids: list[str]) -> None:
@@ -270,11 +268,11 @@ class UserView(AdminOnlyView):
 
     def _request_for_users(self, ids: list[int], mode: str) -> None:
         from dashboard.auth.models import User
-        from dashboard.memory.requests import request_builds
+        from dashboard.memory.requests import request_builds_by_staff
 
         existing = db.session.scalars(select(User.id).where(User.id.in_(ids))).all()
-        requests = request_builds(db.session, existing, mode=mode, trigger="admin",
-                                  requested_by_id=current_user.id)
+        requests = request_builds_by_staff(db.session, existing, mode=mode,
+                                           actor=Actor.of(current_user))
         db.session.commit()
         merged = sum(r.merged for r in requests)
         flash(f"{mode.capitalize()} build requested for {len(requests)} user(s)"
@@ -310,10 +308,13 @@ def without_inline_handlers(response: Any) -> Any:
 
 
 def init_admin(app: Flask) -> Admin:
+    from dashboard.audit.models import AuditEvent
+    from dashboard.audit.views import AuditEventView
     from dashboard.auth.models import User
     from dashboard.memory.models import MemoryBuild
     from dashboard.plans.models import Plan
     from dashboard.security import csp_nonce
+    from dashboard.support.views import SupportView
 
     admin = Admin(
         app,
@@ -326,5 +327,7 @@ def init_admin(app: Flask) -> Admin:
     admin.add_view(PlanView(Plan, db, name="Plans"))
     admin.add_view(UserView(User, db, name="Users"))
     admin.add_view(BuildView(MemoryBuild, db, name="Builds", endpoint="builds"))
+    admin.add_view(AuditEventView(AuditEvent, db, name="Audit log", endpoint="audit"))
+    admin.add_view(SupportView(name="Support", endpoint="support", url="/support"))
     app.after_request(without_inline_handlers)
     return admin

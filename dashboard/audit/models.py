@@ -18,9 +18,14 @@ class AuditEvent(db.Model):
 
     __tablename__ = "audit_events"
     __table_args__ = (
-        Index("ix_audit_events_action_occurred_at", "action", "occurred_at"),
-        Index("ix_audit_events_owner_id_occurred_at", "owner_id", "occurred_at"),
-        Index("ix_audit_events_actor", "actor_type", "actor_id"),
+        # Each filter of the audit view, ending in seq: a newest-first page is an index
+        # range read at any size of log.
+        Index("ix_audit_events_action_seq", "action", "seq"),
+        Index("ix_audit_events_owner_id_seq", "owner_id", "seq"),
+        Index("ix_audit_events_actor_seq", "actor_type", "actor_id", "seq"),
+        Index("ix_audit_events_target_seq", "target_type", "target_id", "seq"),
+        Index("ix_audit_events_mode_seq", "mode", "seq"),
+        Index("ix_audit_events_occurred_at", "occurred_at"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -40,7 +45,9 @@ class AuditEvent(db.Model):
 
 
 class AuditCheckpoint(db.Model):
-    """A chain head (seq, hash) written down so a later log can be proved to extend it."""
+    """A chain head (seq, hash) written down so a later log can be proved to extend it.
+
+    Append-only like the events (triggers of migration 0003)."""
 
     __tablename__ = "audit_checkpoints"
 

@@ -10,6 +10,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
+from dashboard.audit.services import Actor, changes, record_event
 from dashboard.auth.models import ROLES, User
 from dashboard.extensions import db
 from dashboard.plans.models import Plan
@@ -161,23 +162,31 @@ def _keep_an_admin(session: Session, user: User, *, role: str, active: bool) -> 
                            "first.", field)
 
 
-def set_role(session: Session, user: User, role: str) -> RoleChange:
-    validate_role(role)
-    _keep_an_admin(session, user, role=role, active=user.active)
+def set_role(session: Session, user: User, role: str, *, actor: Actor) -> RoleChange:
     change = RoleChange(user.id, user.role, role)
-    user.role = role
-    session.flush()
+    update_account(session, user, role=role, plan_id=user.plan_id, active=user.active,
+                   actor=actor)
     return change
 
 
+def _account_values(user: User) -> dict[str, object]:
+    return {"role": user.role, "plan_id": user.plan_id, "active": user.active}
+
+
 def update_account(session: Session, user: User, *, role: str, plan_id: int | None,
-                   active: bool) -> User:
+                   active: bool, actor: Actor) -> User:
     """A staff edit of an account: its role, its plan (``None``: the default plan) and
-    whether it may sign in. A plan switch requests the user's build (``memory.changes``)."""
+    whether it may sign in, audited with before/after. A plan switch requests the
+    user's build (``memory.changes``)."""
     validate_role(role)
     if plan_id is not None and session.get(Plan, plan_id) is None:
         raise AccountError("That plan does not exist (any more); choose another.", "plan_ref")
     _keep_an_admin(session, user, role=role, active=active)
+    before = _account_values(user)
     user.role, user.plan_id, user.active = role, plan_id, bool(active)
     session.flush()
+    diff = changes(before, _account_values(user))
+    if diff["after"]:
+        record_event(session, action="user.update", actor=actor, owner_id=user.id,
+                     target_type="user", target_id=user.id, details=diff)
     return user

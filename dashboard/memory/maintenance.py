@@ -19,6 +19,7 @@ from sqlalchemy import DateTime, and_, exists, func, literal, or_, select, updat
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from dashboard.audit.services import checkpoint_chain
 from dashboard.auth.models import User
 from dashboard.memory.models import MaintenanceLease, MemoryBuild
 from dashboard.memory.queue import build_job_id, fanout_job_id, get_redis
@@ -219,6 +220,8 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
                      session, idle_minutes=config["CONVERSATION_IDLE_MINUTES"])),
     PeriodicTask("schedule", "BUILD_SCHEDULE_SECONDS",
                  lambda session, config: request_scheduled_builds(session)),
+    PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS",
+                 lambda session, config: checkpoint_chain(session)),
 )
 
 

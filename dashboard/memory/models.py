@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
@@ -17,10 +17,13 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
 from dashboard.models_base import created_at_column
+
+if TYPE_CHECKING:
+    from dashboard.auth.models import User
 
 EMBEDDING_DIMENSIONS = 384
 BUILD_MODES = ("quick", "full")
@@ -113,6 +116,9 @@ class MemoryBuild(db.Model):
     inputs_read_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    # For staff lists (the email beside the id); loaded explicitly where listed.
+    user: Mapped[User] = relationship(foreign_keys=[user_id])
 
 
 class MaintenanceLease(db.Model):

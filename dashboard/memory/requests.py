@@ -23,6 +23,7 @@ from sqlalchemy import case, event, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
+from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.memory.models import BUILD_MODES, BUILD_TRIGGERS, MemoryBuild
 from dashboard.memory.queue import build_job_id, fanout_job_id, get_build_queue
@@ -50,6 +51,7 @@ class RateLimited(BuildRequestError):
 class BuildRequest:
     build_id: int
     merged: bool  # True: joined a build already queued for this user
+    user_id: int
 
 
 # -- requesting ---------------------------------------------------------------------------
@@ -91,13 +93,39 @@ def request_builds(
         index_elements=[MemoryBuild.user_id],
         index_where=text("status = 'queued'"),
         set_={"mode": _merge_mode(stmt.excluded.mode)},
-    ).returning(MemoryBuild.id, text("(xmax = 0) AS inserted"))
+    ).returning(MemoryBuild.id, text("(xmax = 0) AS inserted"), MemoryBuild.user_id)
     requests = []
-    for build_id, inserted in session.execute(stmt).all():
+    for build_id, inserted, user_id in session.execute(stmt).all():
         if inserted:
             defer_job(session, ("build", build_id))
-        requests.append(BuildRequest(build_id, merged=not inserted))
+        requests.append(BuildRequest(build_id, merged=not inserted, user_id=user_id))
+    return sorted(requests, key=lambda r: r.user_id)
+
+
+def request_builds_by_staff(session: Session, user_ids: Iterable[int], *, mode: str,
+                            actor: Actor) -> list[BuildRequest]:
+    """A staff member's build request for some users: one audit event per user."""
+    requests = request_builds(session, user_ids, mode=mode, trigger="admin",
+                              requested_by_id=actor.user_id)
+    for request in requests:
+        record_event(session, action="build.request", actor=actor, owner_id=request.user_id,
+                     target_type="build", target_id=request.build_id, mode=mode,
+                     details={"merged": request.merged})
     return requests
+
+
+def request_plan_builds_by_staff(session: Session, plan_ids: Iterable[int], *, mode: str,
+                                 actor: Actor) -> list[int]:
+    """A staff member's rebuild of whole plans: a fan-out job and an audit event per
+    plan (the job requests the users' builds, so the request never loops over them)."""
+    found = session.scalars(select(Plan.id).where(Plan.id.in_(set(plan_ids)))
+                            .order_by(Plan.id)).all()
+    for plan_id in found:
+        request_plan_fanout(session, plan_id, mode=mode, trigger="admin",
+                            requested_by_id=actor.user_id)
+        record_event(session, action="build.request_plan", actor=actor, target_type="plan",
+                     target_id=plan_id, mode=mode)
+    return list(found)
 
 
 def request_build(

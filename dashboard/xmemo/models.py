@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     CheckConstraint,
@@ -16,10 +16,13 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
 from dashboard.models_base import created_at_column, updated_at_column
+
+if TYPE_CHECKING:
+    from dashboard.auth.models import User
 
 MEMORY_SOURCES = ("chatgpt", "codex", "copilot", "api", "orbitpilot")
 MEMORY_STATUSES = ("active", "deleted", "redacted")
@@ -112,3 +115,5 @@ class ApiKey(db.Model):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+    owner: Mapped[User] = relationship(foreign_keys=[owner_id])

@@ -86,16 +86,18 @@ def test_plan_names_and_slugs_are_unique_regardless_of_case(client, db_session, 
 
 
 def test_the_service_refuses_a_taken_slug_and_a_name_taken_in_another_case(db_session):
+    from dashboard.audit.services import SYSTEM
     from dashboard.plans.editing import PlanError, PlanFields, update_plan
 
     make_plan(db_session, name="Family")
     taken = db_session.scalars(text("SELECT slug FROM plans WHERE name = 'Family'")).one()
     other = make_plan(db_session, name="Solo")
     with pytest.raises(PlanError, match="Another plan already has that slug.") as refused:
-        update_plan(db_session, other, PlanFields(name="Solo", slug=taken))
+        update_plan(db_session, other, PlanFields(name="Solo", slug=taken), actor=SYSTEM)
     assert refused.value.field == "slug"
     with pytest.raises(PlanError, match="Another plan already has that name."):
-        update_plan(db_session, other, PlanFields(name="fAMILY", slug="solo-2"))
+        update_plan(db_session, other, PlanFields(name="fAMILY", slug="solo-2"),
+                    actor=SYSTEM)
 
 
 def test_the_database_itself_keeps_plan_names_unique_regardless_of_case(db_session):

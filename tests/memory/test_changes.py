@@ -182,10 +182,12 @@ def test_nothing_is_pushed_before_the_outermost_commit(db_session, queue):
     request_build(db_session, user.id)
     with db_session.begin_nested():  # a savepoint released is not a commit
         pass
+    from dashboard.audit.services import SYSTEM
     from dashboard.plans.editing import PlanFields, update_plan
 
     update_plan(db_session, plan, PlanFields(name=plan.name, slug=plan.slug,
-                                             included_sources=4))  # flushes in a savepoint
+                                             included_sources=4),
+                actor=SYSTEM)  # flushes in a savepoint
     assert queue.job_ids == []
     db_session.commit()
     assert len(queue.job_ids) == 2

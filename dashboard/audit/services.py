@@ -1,0 +1,223 @@
+"""The audit log (§8): one ``record_event`` for every audited action, a hash chain that
+makes any later change to a row visible, checkpoints of the chain head, and a verifier.
+
+An event's hash covers a canonical serialisation of the event (sorted keys, no
+whitespace, UTC timestamp with microseconds, the previous event's hash), so it can be
+recomputed from the row alone. Sequence numbers are handed out under a transaction-level
+advisory lock: the next writer waits until this transaction commits or rolls back, so
+``seq`` order is commit order and the chain never forks. That serialises audited writes,
+which are staff actions and forgets — rare next to reads.
+
+Events never hold content (message, Blink, memory or document text): callers pass ids,
+modes, reasons and the before/after of settings only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from dashboard.audit.models import AuditCheckpoint, AuditEvent
+
+GENESIS_HASH = "0" * 64
+# An arbitrary constant naming the audit chain's advisory lock.
+_CHAIN_LOCK = 0x0A0D17
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who did it: ``kind`` is admin, support, user, api_key or system."""
+
+    kind: str
+    id: str | None = None
+
+    @classmethod
+    def of(cls, user: Any) -> Actor:
+        """A signed-in person, named by role and id (never by email: emails change)."""
+        role = getattr(user, "role", "user")
+        return cls(role if role in ("admin", "support") else "user", str(user.id))
+
+    @property
+    def user_id(self) -> int | None:
+        """The account behind the actor, for a person; ``None`` for a key or the system."""
+        return int(self.id) if self.kind in ("admin", "support", "user") and self.id else None
+
+
+SYSTEM = Actor("system")
+
+
+def _json_safe(value: Any) -> Any:
+    """What JSONB gives back for ``value``: hashing the stored form keeps verify exact."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def canonical(event: Mapping[str, Any]) -> bytes:
+    return json.dumps(event, sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False).encode("utf-8")
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def event_payload(event: Any) -> dict[str, Any]:
+    """The fields the hash covers, as the row holds them (an ``AuditEvent`` or a row)."""
+    return {
+        "seq": event.seq,
+        "occurred_at": _timestamp(event.occurred_at),
+        "action": event.action,
+        "actor_type": event.actor_type,
+        "actor_id": event.actor_id,
+        "owner_id": event.owner_id,
+        "target_type": event.target_type,
+        "target_id": event.target_id,
+        "mode": event.mode,
+        "details": event.details,
+        "prev_hash": event.prev_hash,
+    }
+
+
+def event_hash(event: Any) -> str:
+    return hashlib.sha256(canonical(event_payload(event))).hexdigest()
+
+
+def _chain_head(session: Session) -> tuple[int, str]:
+    head = session.execute(
+        select(AuditEvent.seq, AuditEvent.hash).order_by(AuditEvent.seq.desc()).limit(1)
+    ).first()
+    return (head.seq, head.hash) if head else (0, GENESIS_HASH)
+
+
+def changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"before": {...}, "after": {...}}`` of the fields whose value differs."""
+    changed = [key for key in after if before.get(key) != after.get(key)]
+    return {"before": {key: before.get(key) for key in changed},
+            "after": {key: after.get(key) for key in changed}}
+
+
+def record_event(
+    session: Session,
+    *,
+    action: str,
+    actor: Actor,
+    owner_id: int | None = None,
+    target_type: str | None = None,
+    target_id: Any = None,
+    mode: str | None = None,
+    details: Mapping[str, Any] | None = None,
+) -> AuditEvent:
+    """Append one event to the chain, in the caller's transaction (flushed, not
+    committed): it lands with the change it describes, or not at all."""
+    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CHAIN_LOCK})
+    seq, prev_hash = _chain_head(session)
+    event = AuditEvent(
+        seq=seq + 1,
+        # Set here, not by the database, so the hash is computed over the stored value.
+        occurred_at=datetime.now(UTC),
+        action=action,
+        actor_type=actor.kind,
+        actor_id=actor.id,
+        owner_id=owner_id,
+        target_type=target_type,
+        target_id=None if target_id is None else str(target_id),
+        mode=mode,
+        details=_json_safe(dict(details or {})),
+        prev_hash=prev_hash,
+    )
+    event.hash = event_hash(event)
+    session.add(event)
+    session.flush()
+    return event
+
+
+# -- checkpoints and verification --------------------------------------------------------
+
+def checkpoint_chain(session: Session) -> AuditCheckpoint | None:
+    """Write the chain head down, if it moved since the last checkpoint."""
+    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CHAIN_LOCK})
+    seq, head_hash = _chain_head(session)
+    last = session.scalar(select(func.max(AuditCheckpoint.seq)))
+    if seq == 0 or (last is not None and last >= seq):
+        return None
+    checkpoint = AuditCheckpoint(seq=seq, hash=head_hash)
+    session.add(checkpoint)
+    session.flush()
+    return checkpoint
+
+
+@dataclass(frozen=True)
+class Verification:
+    events: int
+    checkpoints: int
+    head_seq: int
+    head_hash: str
+    broken_event_id: int | None = None
+    broken_seq: int | None = None
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+    def describe(self) -> str:
+        if self.ok:
+            return (f"OK: {self.events} events, chain head seq {self.head_seq} hash "
+                    f"{self.head_hash}, {self.checkpoints} checkpoint(s) matched.")
+        where = (f"event id {self.broken_event_id} (seq {self.broken_seq})"
+                 if self.broken_event_id is not None else f"seq {self.broken_seq}")
+        return f"BROKEN at {where}: {self.reason}"
+
+
+def _events_in_order(session: Session, batch: int) -> Iterator[Any]:
+    # Keyset batches of plain rows (not ORM objects, which the session would keep):
+    # millions of events in bounded memory.
+    table = AuditEvent.__table__
+    after = 0
+    while True:
+        rows = session.execute(
+            select(table).where(table.c.seq > after).order_by(table.c.seq).limit(batch)
+        ).all()
+        if not rows:
+            return
+        yield from rows
+        after = rows[-1].seq
+
+
+def verify_chain(session: Session, *, batch: int = 5000) -> Verification:
+    """Recompute every hash and link in order; check each checkpoint against the chain.
+    Stops at the first broken link and names it."""
+    checkpoints = dict(session.execute(
+        select(AuditCheckpoint.seq, AuditCheckpoint.hash).order_by(AuditCheckpoint.seq)
+    ).all())
+    count, prev_seq, prev_hash, matched = 0, 0, GENESIS_HASH, 0
+
+    def broken(event: Any, reason: str) -> Verification:
+        return Verification(count, matched, prev_seq, prev_hash, event.id, event.seq, reason)
+
+    for event in _events_in_order(session, batch):
+        if event.seq != prev_seq + 1:
+            return broken(event, f"sequence jumps from {prev_seq} to {event.seq}: "
+                                 "events are missing")
+        if event.prev_hash != prev_hash:
+            return broken(event, "it does not link to the event before it")
+        if event_hash(event) != event.hash:
+            return broken(event, "its content does not match its hash (the row was "
+                                 "changed after it was written)")
+        if event.seq in checkpoints:
+            if checkpoints[event.seq] != event.hash:
+                return broken(event, "it differs from the checkpoint written for it")
+            matched += 1
+        count, prev_seq, prev_hash = count + 1, event.seq, event.hash
+    beyond = [seq for seq in checkpoints if seq > prev_seq]
+    if beyond:
+        return Verification(count, matched, prev_seq, prev_hash, None, min(beyond),
+                            f"a checkpoint names seq {min(beyond)}, but the log ends at "
+                            f"seq {prev_seq}: it was cut short")
+    return Verification(count, matched, prev_seq, prev_hash)
