@@ -10,18 +10,21 @@ import re
 import uuid
 from typing import Any
 
-from flask import Flask, abort, flash, redirect, request, url_for
+from flask import Flask, abort, flash, g, redirect, render_template, request, url_for
 from flask_admin import Admin, AdminIndexView, expose
 from flask_admin.actions import action
 from flask_admin.contrib.sqla import ModelView
+from flask_admin.contrib.sqla.filters import BaseSQLAFilter
 from flask_admin.model.base import ViewArgs
 from flask_admin.theme import Bootstrap4Theme
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from flask_wtf.form import _Auto
+from markupsafe import Markup
 from sqlalchemy import BigInteger, Integer, select
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import joinedload, selectinload
 from wtforms import SelectField
 from wtforms.fields import SelectChoice
 
@@ -170,21 +173,90 @@ class AdminOnlyView(StaffModelView):
     allowed_roles = ("admin",)
 
 
+def _page_cache() -> dict[str, Any]:
+    """Per-request data for the rows of a list page (counts computed in one query for
+    the whole page, read by the column formatters)."""
+    if "admin_page" not in g:
+        g.admin_page = {}
+    return g.admin_page
+
+
+def _labels(keys: Any) -> str:
+    from dashboard.sources import get_source
+
+    return ", ".join(get_source(key).label for key in keys) or "—"
+
+
 class PlanView(AdminOnlyView):
-    column_list = ("name", "slug", "included_sources", "is_default", "active", "updated_at")
+    column_list = ("name", "slug", "included_sources", "users", "remembered", "evicted",
+                   "is_default", "active", "updated_at")
+    column_sortable_list = ("name", "slug", "included_sources", "is_default", "active",
+                            "updated_at")
+    column_filters = ("name", "included_sources", "is_default", "active")
+    column_searchable_list = ("name", "slug")
     form_columns = ("name", "slug", "description", "included_sources", "monthly_price_cents",
                     "active")
     column_labels = {"included_sources": "Sources included (cap)",
-                     "monthly_price_cents": "Monthly price (cents)"}
+                     "monthly_price_cents": "Monthly price (cents)",
+                     "users": "Active users", "remembered": "Remembered",
+                     "evicted": "Assigned but evicted by the cap"}
+    column_descriptions = {
+        "included_sources": "Changed on the Assignments page, where you see its impact first."}
     can_delete = False
 
-    def _fields(self, form: Any):
+    def get_query(self) -> Any:
+        from dashboard.plans.models import Plan
+
+        return super().get_query().options(selectinload(Plan.assignments))
+
+    def get_list(self, *args: Any, **kwargs: Any) -> Any:
+        from dashboard.plans.impact import count_active_users_by_plan
+
+        count, plans = super().get_list(*args, **kwargs)
+        _page_cache()["plan_users"] = count_active_users_by_plan(db.session)
+        return count, plans
+
+    def _resolution(self, plan: Any) -> Any:
+        from dashboard.plans.services import UserPlan, resolve_sources
+
+        return resolve_sources(UserPlan.from_plan(plan))
+
+    def _users(self, context: Any, plan: Any, name: str) -> Any:
+        count = _page_cache().get("plan_users", {}).get(plan.id, 0)
+        return Markup('<a href="{}">{}</a>').format(
+            url_for("user.index_view", flt0_plan_equals=plan.id), count)
+
+    def _remembered(self, context: Any, plan: Any, name: str) -> str:
+        return _labels(self._resolution(plan).included_keys)
+
+    def _evicted(self, context: Any, plan: Any, name: str) -> str:
+        from dashboard.plans.services import SourceState
+
+        return _labels(s.key for s in self._resolution(plan).sources
+                       if s.state is SourceState.EVICTED_BY_CAP)
+
+    def _cap(self, context: Any, plan: Any, name: str) -> Any:
+        return Markup('{} <a href="{}#plan-{}">change…</a>').format(
+            plan.included_sources, url_for("assignments.index"), plan.id)
+
+    column_formatters = {"users": _users, "remembered": _remembered, "evicted": _evicted,
+                         "included_sources": _cap}
+
+    def edit_form(self, obj: Any = None) -> Any:
+        # The cap of a plan in use changes on the Assignments page, through its impact
+        # preview; a new plan has no users yet, so its form keeps the field.
+        form = super().edit_form(obj)
+        del form.included_sources
+        return form
+
+    def _fields(self, form: Any, model: Any = None):
         from dashboard.plans.editing import PlanFields
 
         return PlanFields(
             name=form.name.data or "", slug=form.slug.data or "",
             description=form.description.data or "",
-            included_sources=form.included_sources.data,
+            included_sources=model.included_sources if model is not None
+            else form.included_sources.data,
             monthly_price_cents=form.monthly_price_cents.data
             if form.monthly_price_cents.data is not None else 0,
             active=bool(form.active.data),
@@ -201,7 +273,7 @@ class PlanView(AdminOnlyView):
         from dashboard.plans.editing import PlanError, update_plan
 
         return bool(self.save_through(
-            form, lambda: update_plan(db.session, model, self._fields(form),
+            form, lambda: update_plan(db.session, model, self._fields(form, model),
                                       actor=Actor.of(current_user)), (PlanError,)))
 
     @action("build_quick", "Quick memory update for every user",
@@ -224,10 +296,35 @@ class PlanView(AdminOnlyView):
               "they appear under Builds as they are requested.", "success")
 
 
+class OnPlanFilter(BaseSQLAFilter):
+    """Users on a plan (by id; the Plans list links here), the default plan's including
+    those with no plan row. Flask-Admin reads filter options once at start-up, so a list
+    of plan names would go stale: the id is asked for instead."""
+
+    def __init__(self) -> None:
+        from dashboard.auth.models import User
+
+        super().__init__(User.plan_id, "Plan")
+
+    def validate(self, value: Any) -> bool:
+        return isinstance(value, str) and bool(_DIGITS.match(value)) \
+            and int(value) <= _INT_LIMITS[Integer]
+
+    def apply(self, query: Any, value: Any, alias: Any = None) -> Any:
+        from dashboard.plans.services import effective_plan_id
+
+        return query.filter(effective_plan_id() == int(value))
+
+    def operation(self) -> str:
+        return "equals"
+
+
 class UserView(AdminOnlyView):
-    column_list = ("id", "email", "role", "plan", "active", "created_at")
+    column_list = ("id", "email", "role", "plan", "active", "builds", "created_at")
+    column_sortable_list = ("id", "email", "role", "active", "created_at")
     column_searchable_list = ("email",)
-    column_filters = ("role", "active")
+    column_filters = ("role", "active", OnPlanFilter())
+    named_filter_urls = True
     # The plan is chosen by id from the plans that exist, "" for the default plan: an id
     # that names no plan is "Not a valid choice", never quietly the default.
     form_columns = ("role", "plan_ref", "active")
@@ -236,8 +333,24 @@ class UserView(AdminOnlyView):
     form_extra_fields = {"plan_ref": SelectField("Plan", choices=[])}
     can_create = can_delete = False
     # Staff pages never show content; a user row is ids, email, role, plan.
-    column_details_list = ("id", "email", "display_name", "role", "plan", "active",
-                           "created_at", "last_login_at")
+    column_details_list = ("id", "email", "role", "plan", "active", "builds", "created_at",
+                           "last_login_at")
+
+    def get_query(self) -> Any:
+        from dashboard.auth.models import User
+
+        return super().get_query().options(joinedload(User.plan))
+
+    def _plan(self, context: Any, user: Any, name: str) -> str:
+        return user.plan.name if user.plan is not None else "the default plan"
+
+    def _builds(self, context: Any, user: Any, name: str) -> Any:
+        return Markup('<a href="{}">builds</a> · <a href="{}">why remembered?</a>').format(
+            url_for("builds.index_view", flt0_user_id_equals=user.id),
+            url_for("support.trace", user_id=user.id))
+
+    column_formatters = {"plan": _plan, "builds": _builds}
+    column_formatters_detail = column_formatters
 
     def edit_form(self, obj: Any = None) -> Any:
         from dashboard.plans.models import Plan
@@ -280,12 +393,78 @@ class UserView(AdminOnlyView):
               "success")
 
 
+class ApiKeyView(AdminOnlyView):
+    """Keys are listed and revoked here; the secret itself was shown once, to its owner,
+    and only its hash is stored (and never shown)."""
+
+    can_create = can_edit = can_delete = False
+    action_disallowed_list = ["delete"]
+    column_list = ("id", "owner.email", "name", "prefix", "scopes", "created_at",
+                   "expires_at", "last_used_at", "revoked_at")
+    column_details_list = column_list
+    column_labels = {"owner.email": "Owner"}
+    column_sortable_list = ("id", "created_at", "last_used_at", "revoked_at")
+    column_filters = ("owner.email", "prefix", "revoked_at", "expires_at")
+    column_searchable_list = ("prefix", "name")
+    column_default_sort = ("id", True)
+    named_filter_urls = True
+
+    def get_query(self) -> Any:
+        from dashboard.xmemo.models import ApiKey
+
+        return super().get_query().options(joinedload(ApiKey.owner))
+
+    @action("revoke", "Revoke", "Revoke these keys? Clients using them stop working at once.")
+    def action_revoke(self, ids: list[str]) -> None:
+        from dashboard.xmemo.keys import revoke_key
+        from dashboard.xmemo.models import ApiKey
+
+        keys = db.session.scalars(select(ApiKey).where(ApiKey.id.in_(self.ids_from(ids)))
+                                  .with_for_update()).all()
+        revoked = sum(revoke_key(db.session, key, actor=Actor.of(current_user))
+                      for key in keys)
+        db.session.commit()
+        flash(f"Revoked {revoked} key(s)" + (f"; {len(keys) - revoked} already were."
+                                             if revoked < len(keys) else "."), "success")
+
+
+def _duration(context: Any, build: Any, name: str) -> str:
+    if build.started_at is None or build.finished_at is None:
+        return ""
+    return f"{(build.finished_at - build.started_at).total_seconds():.1f} s"
+
+
+def _build_user(context: Any, build: Any, name: str) -> Any:
+    return Markup('<a href="{}">{}</a>').format(
+        url_for("support.trace", user_id=build.user_id), build.user.email)
+
+
+def _resolution_table(context: Any, build: Any, name: str) -> Any:
+    return Markup(render_template("admin/builds/_resolution.html", build=build))
+
+
 class BuildView(ReadOnlyView):
-    column_list = ("id", "user_id", "mode", "trigger", "status", "added", "removed", "kept",
-                   "embedded", "created_at", "finished_at")
-    column_filters = ("status", "mode", "trigger", "user_id")
+    column_list = ("id", "user.email", "status", "mode", "trigger", "added", "removed", "kept",
+                   "embedded", "duration", "error", "created_at", "finished_at")
+    column_details_list = ("id", "user_id", "user.email", "status", "mode", "trigger",
+                           "requested_by_id", "attempts", "added", "removed", "kept",
+                           "embedded", "reused", "duration", "resolution", "error",
+                           "embedding_model", "created_at", "started_at", "inputs_read_at",
+                           "finished_at")
+    column_labels = {"user.email": "User", "resolution": "Sources (as this build resolved "
+                                                         "them; chunks per source)"}
+    column_sortable_list = ("id", "created_at", "finished_at")
+    column_filters = ("status", "mode", "trigger", "user_id", "user.email", "created_at")
+    named_filter_urls = True
     column_default_sort = ("id", True)
     simple_list_pager = True
+    column_formatters = {"duration": _duration, "user.email": _build_user}
+    column_formatters_detail = {**column_formatters, "resolution": _resolution_table}
+
+    def get_query(self) -> Any:
+        from dashboard.memory.models import MemoryBuild
+
+        return super().get_query().options(joinedload(MemoryBuild.user))
 
 
 # Flask-Admin writes two kinds of inline handler, which the app's CSP refuses (and
@@ -308,6 +487,7 @@ def without_inline_handlers(response: Any) -> Any:
 
 
 def init_admin(app: Flask) -> Admin:
+    from dashboard.admin.assignments import AssignmentView
     from dashboard.audit.models import AuditEvent
     from dashboard.audit.views import AuditEventView
     from dashboard.auth.models import User
@@ -315,6 +495,7 @@ def init_admin(app: Flask) -> Admin:
     from dashboard.plans.models import Plan
     from dashboard.security import csp_nonce
     from dashboard.support.views import SupportView
+    from dashboard.xmemo.models import ApiKey
 
     admin = Admin(
         app,
@@ -326,6 +507,9 @@ def init_admin(app: Flask) -> Admin:
     )
     admin.add_view(PlanView(Plan, db, name="Plans"))
     admin.add_view(UserView(User, db, name="Users"))
+    admin.add_view(AssignmentView(name="Assignments", endpoint="assignments",
+                                  url="/admin/assignments"))
+    admin.add_view(ApiKeyView(ApiKey, db, name="API keys", endpoint="api_keys"))
     admin.add_view(BuildView(MemoryBuild, db, name="Builds", endpoint="builds"))
     admin.add_view(AuditEventView(AuditEvent, db, name="Audit log", endpoint="audit"))
     admin.add_view(SupportView(name="Support", endpoint="support", url="/support"))

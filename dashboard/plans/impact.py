@@ -10,11 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from dashboard.auth.models import User
 from dashboard.plans.models import Plan
-from dashboard.plans.services import Resolution, UserPlan, resolve_sources, users_of_plan
+from dashboard.plans.services import (
+    Resolution,
+    UserPlan,
+    effective_plan_id,
+    resolve_sources,
+    users_of_plan,
+)
 
 ASSIGNMENT_VALUES = ("on", "off", "default")
 
@@ -95,3 +101,41 @@ def preview_plan_change(session: Session, plan: Plan, *, cap: int | None = None,
     if assignment is not None:
         proposed = with_assignment(proposed, *assignment)
     return compare(plan, current, proposed, count_active_users(session, plan))
+
+
+# -- the assignment matrix ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One plan on the assignment page: its rows, its resolution and its users."""
+
+    plan: Plan
+    users: int
+    resolution: Resolution
+    rows: dict[str, str]  # source_key -> "on" | "off" | "default"
+
+
+def count_active_users_by_plan(session: Session,
+                               plan_ids: list[int] | None = None) -> dict[int, int]:
+    """Active users per plan, users without a plan counted on the default plan; one
+    grouped query however many plans."""
+    plan_id = effective_plan_id().label("plan_id")
+    query = select(plan_id, func.count()).where(User.active).group_by(plan_id)
+    counts = dict(session.execute(query).all())
+    return {pid: counts.get(pid, 0) for pid in plan_ids} if plan_ids is not None else counts
+
+
+def plan_rows(session: Session) -> list[PlanRow]:
+    """Every plan (the default first, then by name) with what the matrix shows: two
+    queries for the plans and their rows, one for the user counts."""
+    plans = session.scalars(
+        select(Plan).options(selectinload(Plan.assignments))
+        .order_by(Plan.is_default.desc(), Plan.name)
+    ).all()
+    counts = count_active_users_by_plan(session)
+    rows = []
+    for plan in plans:
+        values = {a.source_key: "on" if a.enabled else "off" for a in plan.assignments}
+        rows.append(PlanRow(plan, counts.get(plan.id, 0),
+                            resolve_sources(UserPlan.from_plan(plan)), values))
+    return rows

@@ -7,7 +7,7 @@ import logging
 import re
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 
 from dashboard.admin.views import SAVE_FAILED
 from dashboard.auth.models import User
@@ -49,9 +49,6 @@ def admin(db_session, auth):
     ("name", "   ", "Give the plan a name."),
     ("slug", "Team Plus", "Use lowercase letters, digits and single dashes"),
     ("slug", "team--plus", "Use lowercase letters, digits and single dashes"),
-    ("included_sources", "-1", "Choose a whole number from 0 to 5"),
-    ("included_sources", "6", "Choose a whole number from 0 to 5"),
-    ("included_sources", "2.5", "Not a valid integer value"),
     ("monthly_price_cents", "-5", "The price cannot be negative."),
 ])
 def test_each_bad_plan_field_is_a_field_error_and_nothing_changes(
@@ -67,6 +64,21 @@ def test_each_bad_plan_field_is_a_field_error_and_nothing_changes(
     db_session.expire_all()
     stored = db_session.get(Plan, plan.id)
     assert (stored.name, stored.slug, stored.included_sources) == ("Original", plan.slug, 3)
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1", "Choose a whole number from 0 to 5"),
+    ("6", "Choose a whole number from 0 to 5"),
+    ("2.5", "Not a valid integer value"),
+])
+def test_a_bad_cap_on_a_new_plan_is_a_field_error_and_nothing_is_created(
+        client, db_session, admin, value, message):
+    data = {"name": "Fresh", "slug": "fresh", "description": "", "included_sources": value,
+            "monthly_price_cents": "0", "active": "y"}
+    response = save(client, "/admin/plan/new/", data)
+    assert response.status_code == 200
+    assert message in response.get_data(as_text=True)
+    assert db_session.scalar(select(Plan).where(Plan.slug == "fresh")) is None
 
 
 def test_plan_names_and_slugs_are_unique_regardless_of_case(client, db_session, admin):
@@ -115,8 +127,10 @@ def test_a_good_plan_edit_is_trimmed_and_saved(client, db_session, admin):
                     plan_form(plan, name="  After  ", included_sources="4"))
     assert response.status_code == 302
     db_session.expire_all()
+    # A cap posted to the edit form is ignored: it changes only through the Assignments
+    # page, after its impact preview.
     assert (db_session.get(Plan, plan.id).name,
-            db_session.get(Plan, plan.id).included_sources) == ("After", 4)
+            db_session.get(Plan, plan.id).included_sources) == ("After", 3)
 
 
 def test_the_default_plan_cannot_be_switched_off(client, db_session, admin):

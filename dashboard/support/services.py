@@ -1,0 +1,334 @@
+"""The support explorer's reads (§9): why a user's source is or is not remembered, and
+what each plan's cap evicts.
+
+Read-only, and content-free by construction: every query here selects ids, emails,
+states, counts and timestamps — never a column that holds content (message, Blink,
+memory, document or profile text, conversation titles, display names) — so no template
+can leak what it was never given.
+
+Query budgets are fixed, not per row: the trace is a handful of queries whatever the
+user's build history, the plan report a handful whatever the number of plans.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, selectinload
+
+from dashboard.auth.models import User
+from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.plans.models import Plan
+from dashboard.plans.sentences import state_sentence
+from dashboard.plans.services import (
+    SourceState,
+    UserPlan,
+    effective_plan_id,
+    get_plan_for_user,
+    resolve_sources,
+)
+from dashboard.sources import SOURCES, get_source
+
+# users.id is a PostgreSQL integer: a larger number is no user, and sending it would make
+# the database refuse the statement rather than answer "none".
+MAX_USER_ID = 2**31 - 1
+MAX_EMAIL_LENGTH = 254
+HISTORY_LIMIT = 20
+_USER_ID = re.compile(r"^[0-9]{1,19}$")
+
+# The state column for a source the last build's snapshot does not mention (the source
+# was added to the registry after that build).
+NOT_RECORDED = "not_recorded"
+
+
+# -- the trace of one user --------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceRef:
+    key: str
+    label: str
+    rank: int
+
+
+@dataclass(frozen=True)
+class SourceTrace:
+    rank: int
+    key: str
+    label: str
+    default_visible: bool
+    # "on" / "off": the plan's assignment row decided; "default": no row, the registry's
+    # default_visible did.
+    assignment: str
+    state: str  # a SourceState value, now
+    # For evicted_by_cap: the higher-ranked included sources that filled the cap.
+    filled_by: tuple[SourceRef, ...]
+    sentence: str  # §4's sentence, word for word what the user sees
+    # The state in the last succeeded build's snapshot; None when there was no such build.
+    state_then: str | None
+    chunks: int
+
+    @property
+    def changed(self) -> bool:
+        return self.state_then is not None and self.state_then != self.state
+
+
+@dataclass(frozen=True)
+class BuildRow:
+    id: int
+    mode: str
+    trigger: str
+    status: str
+    added: int
+    removed: int
+    kept: int
+    embedded: int
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    error: str | None
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+
+@dataclass(frozen=True)
+class LastBuild:
+    """The last succeeded build and what its resolution snapshot recorded."""
+
+    build: BuildRow
+    plan_id: int | None
+    plan_slug: str | None
+    cap: int | None
+
+
+@dataclass(frozen=True)
+class UserTrace:
+    user_id: int
+    email: str
+    role: str
+    active: bool
+    plan_id: int | None
+    plan_name: str
+    plan_slug: str
+    plan_is_default: bool
+    # "own": the user's plan_id names this plan; "default": plan_id is NULL (or names a
+    # plan that is gone), so the user is on the default plan.
+    plan_origin: str
+    cap: int
+    sources: tuple[SourceTrace, ...]
+    # Chunks stored under keys the registry no longer has (a removed source).
+    other_chunks: tuple[tuple[str, int], ...]
+    total_chunks: int
+    last_build: LastBuild | None
+    pending: BuildRow | None  # the queued request, if any
+    running: BuildRow | None
+    history: tuple[BuildRow, ...]  # the latest HISTORY_LIMIT builds, newest first
+
+
+def find_user_id(session: Session, query: str) -> int | None:
+    """The id of the user ``query`` names — a user id, or an email (any case) — or None."""
+    text = query.strip()
+    if _USER_ID.match(text):
+        user_id = int(text)
+        if not 0 < user_id <= MAX_USER_ID:
+            return None
+        return session.scalar(select(User.id).where(User.id == user_id))
+    if "@" not in text or len(text) > MAX_EMAIL_LENGTH:
+        return None
+    # Emails are stored lower-cased (auth.models), so this is the exact match.
+    return session.scalar(select(User.id).where(User.email == text.lower()))
+
+
+def _build_row(build: MemoryBuild) -> BuildRow:
+    return BuildRow(
+        id=build.id, mode=build.mode, trigger=build.trigger, status=build.status,
+        added=build.added, removed=build.removed, kept=build.kept, embedded=build.embedded,
+        created_at=build.created_at, started_at=build.started_at,
+        finished_at=build.finished_at, error=build.error,
+    )
+
+
+def _snapshot_states(resolution: Any) -> dict[str, str]:
+    """source key -> state, from a build's ``Resolution.to_dict()`` snapshot. Tolerant:
+    an old or damaged snapshot yields what it can, never an error on a staff page."""
+    if not isinstance(resolution, dict) or not isinstance(resolution.get("sources"), list):
+        return {}
+    states: dict[str, str] = {}
+    for entry in resolution["sources"]:
+        if isinstance(entry, dict) and isinstance(entry.get("key"), str) \
+                and isinstance(entry.get("state"), str):
+            states[entry["key"]] = entry["state"]
+    return states
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _refs(keys: tuple[str, ...]) -> tuple[SourceRef, ...]:
+    refs = []
+    for key in keys:
+        source = get_source(key)
+        refs.append(SourceRef(key, source.label, SOURCES.index(source) + 1))
+    return tuple(refs)
+
+
+def _builds(session: Session, user_id: int) -> tuple[list[MemoryBuild], MemoryBuild | None,
+                                                       list[MemoryBuild]]:
+    """History, last succeeded build, and the queued/running ones: three queries, each
+    bounded, so the cost does not grow with the number of builds."""
+    history = session.scalars(
+        select(MemoryBuild).where(MemoryBuild.user_id == user_id)
+        .order_by(MemoryBuild.created_at.desc(), MemoryBuild.id.desc())
+        .limit(HISTORY_LIMIT)
+    ).all()
+    # Looked up on its own: the last success can be older than the history shown.
+    last_succeeded = session.scalars(
+        select(MemoryBuild)
+        .where(MemoryBuild.user_id == user_id, MemoryBuild.status == "succeeded")
+        .order_by(MemoryBuild.finished_at.desc().nulls_last(), MemoryBuild.id.desc())
+        .limit(1)
+    ).first()
+    # At most one of each (two partial unique indexes). Read directly rather than picked
+    # out of the history window, so the answer never depends on how the window is cut.
+    current = session.scalars(
+        select(MemoryBuild)
+        .where(MemoryBuild.user_id == user_id, MemoryBuild.status.in_(("queued", "running")))
+    ).all()
+    return list(history), last_succeeded, list(current)
+
+
+def user_trace(session: Session, user_id: int) -> UserTrace | None:
+    """The full resolution trace of one user, or None when there is no such user."""
+    if not 0 < user_id <= MAX_USER_ID:
+        return None
+    # A fresh read (populate_existing): a long-lived session must not show a plan the
+    # user has since left.
+    user = session.scalars(
+        select(User).where(User.id == user_id).execution_options(populate_existing=True)
+    ).first()
+    if user is None:
+        return None
+
+    # The user's plan, not the signed-in staff member's: get_user_plan would cache per
+    # request and is for the current user.
+    plan = get_plan_for_user(user, session)
+    if plan is None:  # None means a guest; a User row never is one, but never 500
+        return None
+    resolution = resolve_sources(plan)
+
+    chunk_counts = dict(session.execute(
+        select(MemoryChunk.source_key, func.count())
+        .where(MemoryChunk.user_id == user.id)
+        .group_by(MemoryChunk.source_key)
+    ).all())
+
+    history, last_succeeded, current = _builds(session, user.id)
+    then = _snapshot_states(last_succeeded.resolution) if last_succeeded else None
+
+    sources = []
+    for source_now in resolution.sources:
+        registry = get_source(source_now.key)
+        row = plan.assignments.get(source_now.key)
+        sources.append(SourceTrace(
+            rank=source_now.rank, key=source_now.key, label=source_now.label,
+            default_visible=registry.default_visible,
+            assignment="default" if row is None else ("on" if row else "off"),
+            state=source_now.state.value,
+            filled_by=_refs(source_now.filled_by),
+            sentence=state_sentence(source_now, resolution),
+            state_then=None if then is None else then.get(source_now.key, NOT_RECORDED),
+            chunks=chunk_counts.get(source_now.key, 0),
+        ))
+
+    known = {s.key for s in SOURCES}
+    last_build = None
+    if last_succeeded is not None:
+        snapshot = last_succeeded.resolution if isinstance(last_succeeded.resolution,
+                                                            dict) else {}
+        slug = snapshot.get("plan_slug")
+        last_build = LastBuild(
+            build=_build_row(last_succeeded),
+            plan_id=_int_or_none(snapshot.get("plan_id")),
+            plan_slug=slug if isinstance(slug, str) else None,
+            cap=_int_or_none(snapshot.get("cap")),
+        )
+    by_status = {b.status: b for b in current}
+    return UserTrace(
+        user_id=user.id, email=user.email, role=user.role, active=user.active,
+        plan_id=plan.id, plan_name=plan.name, plan_slug=plan.slug,
+        plan_is_default=plan.is_default,
+        plan_origin="own" if user.plan_id is not None and user.plan_id == plan.id
+        else "default",
+        cap=plan.included_sources,
+        sources=tuple(sources),
+        other_chunks=tuple(sorted((k, n) for k, n in chunk_counts.items() if k not in known)),
+        total_chunks=sum(chunk_counts.values()),
+        last_build=last_build,
+        pending=_build_row(by_status["queued"]) if "queued" in by_status else None,
+        running=_build_row(by_status["running"]) if "running" in by_status else None,
+        history=tuple(_build_row(b) for b in history),
+    )
+
+
+# -- the plan report --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Eviction:
+    source: SourceRef
+    filled_by: tuple[SourceRef, ...]
+    # Every user of a plan resolves alike (resolution depends on the plan alone), so an
+    # eviction touches all of the plan's active users.
+    users_touched: int
+
+
+@dataclass(frozen=True)
+class PlanReportRow:
+    id: int
+    name: str
+    slug: str
+    is_default: bool
+    active: bool
+    cap: int
+    users: int  # active users on the plan (plan_id NULL counts for the default plan)
+    included: tuple[SourceRef, ...]
+    evicted: tuple[Eviction, ...]
+
+
+def plan_report(session: Session) -> tuple[PlanReportRow, ...]:
+    """Every plan, the default first then by name: cap, users, included sources and the
+    assigned sources its cap evicts. Three queries whatever the number of plans."""
+    plans = session.scalars(
+        select(Plan).options(selectinload(Plan.assignments))
+        .order_by(Plan.is_default.desc(), Plan.name, Plan.id)
+        # Assignment rows added since the session first loaded a plan must count.
+        .execution_options(populate_existing=True)
+    ).all()
+    # One grouped count for all plans; effective_plan_id puts plan_id NULL on the default.
+    plan_of_user = effective_plan_id().label("plan_id")
+    users = dict(session.execute(
+        select(plan_of_user, func.count()).where(User.active).group_by(plan_of_user)
+    ).all())
+
+    rows = []
+    for plan in plans:
+        resolution = resolve_sources(UserPlan.from_plan(plan))
+        count = users.get(plan.id, 0)
+        rows.append(PlanReportRow(
+            id=plan.id, name=plan.name, slug=plan.slug, is_default=plan.is_default,
+            active=plan.active, cap=plan.included_sources, users=count,
+            included=tuple(SourceRef(s.key, s.label, s.rank) for s in resolution.sources
+                           if s.state is SourceState.INCLUDED),
+            evicted=tuple(
+                Eviction(SourceRef(s.key, s.label, s.rank), _refs(s.filled_by), count)
+                for s in resolution.sources if s.state is SourceState.EVICTED_BY_CAP
+            ),
+        ))
+    return tuple(rows)

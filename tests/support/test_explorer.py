@@ -1,0 +1,436 @@
+"""The support explorer (§9): read-only traces and the plan report, for support and admin.
+
+Pages are checked through the client (roles, statuses, what is shown and never shown);
+the SQL budget through ``count_queries``: the same count however many builds or plans."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import func, or_, select
+
+from dashboard.auth.models import User
+from dashboard.blinks.models import Blink
+from dashboard.documents.models import Document
+from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryBuild, MemoryChunk
+from dashboard.orbitpilot.models import ProfileFact
+from dashboard.plans.services import UserPlan, resolve_sources
+from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED
+from dashboard.support.services import plan_report, user_trace
+from dashboard.xmemo.models import Memory
+from tests.factories import default_plan, make_conversation, make_plan, make_user
+
+SUPPORT = "help@example.test"
+ADMIN = "root@example.test"
+PLAIN = "someone@example.test"
+PAGES = ("/support/", "/support/users/{id}", "/support/plans")
+
+
+@pytest.fixture
+def staff(db_session):
+    make_user(db_session, role="support", email=SUPPORT)
+    make_user(db_session, role="admin", email=ADMIN)
+    make_user(db_session, role="user", email=PLAIN)
+
+
+@pytest.fixture
+def target(db_session, staff):
+    """A user on the untouched default plan (plan_id NULL)."""
+    return make_user(db_session, email="target@example.test")
+
+
+def html(response) -> str:
+    return response.get_data(as_text=True)
+
+
+def source_row(page: str, key: str) -> str:
+    """The trace table's row of one source."""
+    match = re.search(rf'<tr data-source="{re.escape(key)}"[^>]*>(.*?)</tr>', page, re.S)
+    assert match, f"no row for {key}"
+    return match.group(1)
+
+
+def plan_row(page: str, plan_id: int) -> str:
+    match = re.search(rf'<tr data-plan="{plan_id}">(.*?)</tr>', page, re.S)
+    assert match, f"no row for plan {plan_id}"
+    return match.group(1)
+
+
+def evicted_cell(row: str) -> dict[str, str]:
+    return dict(re.findall(r'<div data-evicted="([^"]+)">(.*?)</div>', row, re.S))
+
+
+def chunk(user, key: str, source_id: str, index: int = 0, content: str = "x") -> MemoryChunk:
+    return MemoryChunk(user_id=user.id, source_key=key, source_id=source_id, chunk_index=index,
+                       content_hash=uuid.uuid4().hex, content=content,
+                       embedding=[0.01] * EMBEDDING_DIMENSIONS, embedding_model="test")
+
+
+def build(user, status: str = "succeeded", **fields) -> MemoryBuild:
+    now = datetime.now(UTC)
+    defaults = {"mode": "quick", "trigger": "schedule",
+                "started_at": now - timedelta(seconds=2) if status != "queued" else None,
+                "finished_at": now if status in ("succeeded", "failed") else None}
+    return MemoryBuild(user_id=user.id, status=status, **{**defaults, **fields})
+
+
+def active_users_on_default(db_session) -> int:
+    """Counted independently of the code under test: plan_id NULL is the default plan."""
+    free = default_plan(db_session)
+    return db_session.scalar(select(func.count()).select_from(User).where(
+        User.active, or_(User.plan_id.is_(None), User.plan_id == free.id)))
+
+
+# -- who may see it -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("page", PAGES)
+def test_guest_is_sent_to_sign_in(client, target, page):
+    response = client.get(page.format(id=target.id))
+    assert response.status_code == 302
+    assert response.headers["Location"].startswith("/auth/signin")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_plain_user_is_refused(client, auth, target, page):
+    auth.login(PLAIN)
+    assert client.get(page.format(id=target.id)).status_code == 403
+
+
+@pytest.mark.parametrize("email", (SUPPORT, ADMIN))
+@pytest.mark.parametrize("page", PAGES)
+def test_support_and_admin_see_every_page(client, auth, target, page, email):
+    auth.login(email)
+    assert client.get(page.format(id=target.id)).status_code == 200
+
+
+# -- the lookup -----------------------------------------------------------------------------
+
+def test_lookup_by_email_any_case_redirects_to_the_trace(client, auth, target):
+    auth.login(SUPPORT)
+    response = client.get("/support/", query_string={"q": "  Target@Example.TEST "})
+    assert response.status_code == 302
+    assert response.headers["Location"].endswith(f"/support/users/{target.id}")
+
+
+def test_lookup_by_id_redirects_to_the_trace(client, auth, target):
+    auth.login(SUPPORT)
+    response = client.get("/support/", query_string={"q": str(target.id)})
+    assert response.status_code == 302
+    assert response.headers["Location"].endswith(f"/support/users/{target.id}")
+
+
+@pytest.mark.parametrize("query", ("nobody@example.test", "99999999999999999999", "2147483648",
+                                   "0", "not an email", "a@" + "b" * 300,
+                                   "' OR 1=1 --@x", "%@%", "\u00e9@\u00e9.test"))
+def test_lookup_miss_is_404_with_a_plain_message(client, auth, target, query):
+    auth.login(SUPPORT)
+    response = client.get("/support/", query_string={"q": query})
+    assert response.status_code == 404
+    assert "No user has that email or id." in html(response)
+
+
+def test_lookup_with_a_nul_byte_is_refused_not_an_error(client, auth, staff):
+    auth.login(SUPPORT)
+    assert client.get("/support/", query_string={"q": "a\x00b@example.test"}).status_code == 400
+
+
+def test_empty_lookup_shows_the_form_and_the_plan_report_link(client, auth, staff):
+    auth.login(SUPPORT)
+    response = client.get("/support/", query_string={"q": "   "})
+    assert response.status_code == 200
+    assert 'name="q"' in html(response) and 'href="/support/plans"' in html(response)
+
+
+@pytest.mark.parametrize("tail", ("99999999999999999999", "2147483648", "9223372036854775808",
+                                  "0", "-1", "abc", "1.5"))
+def test_unknown_or_out_of_range_ids_are_404(client, auth, staff, tail):
+    auth.login(SUPPORT)
+    assert client.get(f"/support/users/{tail}").status_code == 404
+
+
+def test_a_deleted_user_is_404(client, auth, db_session, staff):
+    gone = make_user(db_session)
+    gone_id = gone.id
+    db_session.delete(gone)
+    db_session.flush()
+    auth.login(ADMIN)
+    assert client.get(f"/support/users/{gone_id}").status_code == 404
+
+
+# -- SU-101 Q1: chat history evicted by the default plan's cap ----------------------------
+
+def test_su101_default_plan_evicts_chat_history(client, auth, db_session, target):
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    assert "the default plan" in page and "plan_id is empty" in page
+    for key in (PROFILE, BLINKS, SAVED):
+        row = source_row(page, key)
+        assert "included" in row and "default" in row
+    row = source_row(page, CHAT_HISTORY)
+    assert ">evicted_by_cap<" in row
+    assert "cap 3 filled by" in row
+    assert all(label in row for label in ("Your profile", "Your Blinks", "Saved memories"))
+    # §4's sentence, word for word.
+    assert ("Not remembered on the Free plan: your plan includes 3 sources, and Your profile, "
+            "Your Blinks and Saved memories come first.") in row
+    assert ">not_assigned_by_default<" in source_row(page, DOCUMENTS)
+
+    # The plan report: chat history evicted on the default plan, touching its users.
+    report = html(client.get("/support/plans"))
+    free = default_plan(db_session)
+    evicted = evicted_cell(plan_row(report, free.id))
+    assert list(evicted) == [CHAT_HISTORY]
+    users = active_users_on_default(db_session)
+    assert f"{users} users touched" in evicted[CHAT_HISTORY]
+    # The default plan comes first.
+    assert re.findall(r'data-plan="(\d+)"', report)[0] == str(free.id)
+
+
+def test_su101_a_plan_with_cap_4_includes_chat_history(client, auth, db_session, target):
+    roomy = make_plan(db_session, name="Roomy", cap=4)
+    target.plan_id = roomy.id
+    db_session.flush()
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    assert "the user's own plan row" in page
+    row = source_row(page, CHAT_HISTORY)
+    assert ">included<" in row and "Remembered: your Roomy plan includes Chat history." in row
+
+    report = plan_row(html(client.get("/support/plans")), roomy.id)
+    assert evicted_cell(report) == {}
+    assert "Chat history" in report.split("</td>")[3]  # the "Included" cell
+    assert re.search(r'<td class="text-right">1</td>', report)  # its one user
+
+
+def test_su101_raising_the_default_cap_to_4_includes_chat_history(client, auth, db_session,
+                                                                  target):
+    free = default_plan(db_session)
+    free.included_sources = 4
+    db_session.flush()
+    auth.login(SUPPORT)
+    assert ">included<" in source_row(html(client.get(f"/support/users/{target.id}")),
+                                      CHAT_HISTORY)
+    assert evicted_cell(plan_row(html(client.get("/support/plans")), free.id)) == {}
+
+
+def test_plan_report_counts_every_plan_in_one_pass(db_session, staff):
+    before = {row.id: row.users for row in plan_report(db_session)}
+    free = default_plan(db_session)
+    small = make_plan(db_session, name="Aaa small", cap=1,
+                      assignments={BLINKS: False, DOCUMENTS: True})
+    for _ in range(2):
+        make_user(db_session)  # plan_id NULL: the default plan
+    make_user(db_session, plan=free)  # the default plan by its own row
+    for _ in range(3):
+        make_user(db_session, plan=small)
+    inactive = make_user(db_session, plan=small)
+    inactive.active = False
+    db_session.flush()
+
+    rows = plan_report(db_session)
+    assert rows[0].id == free.id  # the default plan first, then by name
+    by_id = {row.id: row for row in rows}
+    assert by_id[free.id].users == before[free.id] + 3
+    assert by_id[small.id].users == 3
+    # Cap 1 on a plan with Blinks off and documents on: profile included; saved memories,
+    # chat history and documents evicted, each touching the plan's 3 active users.
+    assert [s.key for s in by_id[small.id].included] == [PROFILE]
+    assert [(e.source.key, e.users_touched) for e in by_id[small.id].evicted] == [
+        (SAVED, 3), (CHAT_HISTORY, 3), (DOCUMENTS, 3)]
+    assert [f.key for f in by_id[small.id].evicted[0].filled_by] == [PROFILE]
+
+
+# -- now against the last build ------------------------------------------------------------
+
+def test_state_at_last_build_from_its_snapshot(client, auth, db_session, target):
+    free = UserPlan.from_plan(default_plan(db_session))
+    # The last build ran when the plan's cap was 4: chat history was included then.
+    then = resolve_sources(UserPlan(free.id, free.name, free.slug, 4, True)).to_dict()
+    old = build(target, resolution=resolve_sources(free).to_dict(),
+                finished_at=datetime.now(UTC) - timedelta(days=2))
+    last = build(target, resolution=then)
+    db_session.add_all([old, last])
+    db_session.flush()
+
+    trace = user_trace(db_session, target.id)
+    assert trace.last_build.build.id == last.id and trace.last_build.cap == 4
+    chat = next(s for s in trace.sources if s.key == CHAT_HISTORY)
+    assert (chat.state, chat.state_then, chat.changed) == ("evicted_by_cap", "included", True)
+    assert not any(s.changed for s in trace.sources if s.key != CHAT_HISTORY)
+
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    row = source_row(page, CHAT_HISTORY)
+    assert ">evicted_by_cap<" in row and ">included<" in row
+    assert "changed since last build" in row
+    assert "changed since last build" not in source_row(page, PROFILE)
+    assert f'href="/admin/builds/details/?id={last.id}"' in page
+
+
+def test_no_build_yet(client, auth, target):
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    assert "no build yet" in source_row(page, PROFILE)
+    assert "changed since last build" not in page
+
+
+def test_a_damaged_snapshot_is_shown_as_not_recorded(client, auth, db_session, target):
+    db_session.add(build(target, resolution={"sources": [{"key": PROFILE, "state": "included"},
+                                                         "junk", {"key": 3}]}))
+    db_session.flush()
+    auth.login(SUPPORT)
+    response = client.get(f"/support/users/{target.id}")
+    assert response.status_code == 200
+    assert ">not_recorded<" in source_row(html(response), BLINKS)
+
+
+# -- chunks, pending, history ---------------------------------------------------------------
+
+def test_chunk_counts_per_source(client, auth, db_session, target):
+    other = make_user(db_session)
+    db_session.add_all([
+        chunk(target, PROFILE, "profile", 0), chunk(target, PROFILE, "profile", 1),
+        *(chunk(target, BLINKS, str(i)) for i in range(3)),
+        chunk(target, "legacy.removed", "1"),
+        chunk(other, SAVED, "x"),  # someone else's: not counted
+    ])
+    db_session.flush()
+    trace = user_trace(db_session, target.id)
+    assert {s.key: s.chunks for s in trace.sources} == {
+        PROFILE: 2, BLINKS: 3, SAVED: 0, CHAT_HISTORY: 0, DOCUMENTS: 0}
+    assert trace.other_chunks == (("legacy.removed", 1),) and trace.total_chunks == 6
+
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    assert source_row(page, BLINKS).rstrip().endswith('<td class="text-right">3</td>')
+    assert source_row(page, PROFILE).rstrip().endswith('<td class="text-right">2</td>')
+    assert "not in the source registry" in source_row(page, "legacy.removed")
+
+
+def test_pending_and_running_builds_are_shown(client, auth, db_session, target):
+    running = build(target, "running", mode="quick", trigger="conversation_end")
+    pending = build(target, "queued", mode="full", trigger="admin")
+    db_session.add_all([running, pending])
+    db_session.flush()
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    pending_list = page[page.index('id="support-pending"'):]
+    pending_list = pending_list[:pending_list.index("</ul>")]
+    assert re.search(rf"Requested: <a [^>]*>#{pending.id}</a>, <time[^>]*>[^<]+</time>, mode "
+                     r"<code>full</code>, trigger <code>admin</code>", pending_list)
+    assert re.search(rf"Running: <a [^>]*>#{running.id}</a>, mode <code>quick</code>",
+                     pending_list)
+
+
+def test_build_history_is_the_latest_20(client, auth, db_session, target):
+    base = datetime.now(UTC) - timedelta(days=1)
+    builds = [build(target, "failed" if i % 5 == 0 else "succeeded", created_at=base +
+                    timedelta(minutes=i), added=i, error="TimeoutError" if i % 5 == 0 else None)
+              for i in range(25)]
+    db_session.add_all(builds)
+    db_session.flush()
+    trace = user_trace(db_session, target.id)
+    assert [b.id for b in trace.history] == [b.id for b in reversed(builds)][:20]
+    assert trace.history[0].duration_seconds == pytest.approx(2, abs=0.5)
+
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    table = page[page.index('id="support-builds"'):]
+    shown = re.findall(r'href="/admin/builds/details/\?id=(\d+)"', table)
+    assert shown == [str(b.id) for b in reversed(builds)][:20]
+    assert "TimeoutError" in table
+
+
+# -- the query budget -------------------------------------------------------------------------
+
+def test_trace_costs_the_same_for_1_build_or_30_and_3_plans_or_30(client, auth, db_session,
+                                                                   count_queries, staff):
+    few, many = make_user(db_session), make_user(db_session)
+    make_plan(db_session), make_plan(db_session)  # with the default plan: 3 plans
+    db_session.add(build(few))
+    db_session.add_all([build(many, "failed" if i % 3 else "succeeded",
+                              resolution=resolve_sources(None).to_dict())
+                        for i in range(29)] + [build(many, "queued"), build(many, "running")])
+    db_session.add_all([chunk(many, key, str(i)) for i, key in enumerate((PROFILE, BLINKS))])
+    db_session.flush()
+    auth.login(SUPPORT)
+    few_id, many_id = few.id, many.id
+
+    def measure(user_id: int):
+        # Every request starts alike, as in production: nothing of this test's session
+        # trusted (the signed-in user, kept across requests here, is read again).
+        db_session.expire_all()
+        with count_queries() as counted:
+            assert client.get(f"/support/users/{user_id}").status_code == 200
+        return counted
+
+    one_build, thirty_builds = measure(few_id), measure(many_id)
+    for i in range(27):
+        make_plan(db_session, assignments={CHAT_HISTORY: bool(i % 2)})
+    thirty_plans = measure(many_id)
+
+    assert one_build.count == thirty_builds.count == thirty_plans.count
+    print(f"trace: {one_build.count} queries")
+
+
+def test_plan_report_costs_the_same_for_3_plans_or_30(client, auth, db_session, count_queries,
+                                                       staff):
+    for _ in range(2):
+        plan = make_plan(db_session, assignments={DOCUMENTS: True})
+        make_user(db_session, plan=plan)
+    auth.login(SUPPORT)
+
+    def measure(plans_at_least: int):
+        # Every request starts alike, as in production: nothing of this test's session
+        # trusted (the signed-in user, kept across requests here, is read again).
+        db_session.expire_all()
+        with count_queries() as counted:
+            response = client.get("/support/plans")
+        assert response.status_code == 200
+        assert html(response).count("data-plan=") >= plans_at_least
+        return counted
+
+    three = measure(3)
+    for i in range(27):
+        plan = make_plan(db_session, cap=i % 5,
+                         assignments={DOCUMENTS: True, BLINKS: bool(i % 2)})
+        make_user(db_session, plan=plan)
+    thirty = measure(30)
+
+    assert three.count == thirty.count
+    print(f"plan report: {three.count} queries")
+
+
+# -- never content ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("email", (SUPPORT, ADMIN))
+def test_no_page_shows_content(client, auth, db_session, staff, email):
+    canary = f"canary-{uuid.uuid4().hex}"
+    user = make_user(db_session, email="owner@example.test")
+    user.display_name = f"{canary} display name"
+    make_conversation(db_session, user, [(f"{canary} question", f"{canary} answer"),
+                                         (f"{canary} second", None)], title=f"{canary} title")
+    db_session.add_all([
+        Blink(user_id=user.id, title=f"{canary} blink title", content=f"{canary} blink"),
+        ProfileFact(user_id=user.id, key="city", value=f"{canary} city"),
+        Memory(owner_id=user.id, content=f"{canary} memory", metadata_={"note": canary}),
+        Document(user_id=user.id, title=f"{canary} doc title", filename=f"{canary}.txt",
+                 content=f"{canary} document"),
+        chunk(user, PROFILE, "profile", content=f"{canary} chunk"),
+        build(user, "failed", error="ValueError"),
+        build(user, resolution=resolve_sources(None).to_dict()),
+    ])
+    db_session.flush()
+    auth.login(email)
+
+    pages = [client.get("/support/", query_string={"q": user.email}, follow_redirects=True),
+             client.get("/support/"), client.get(f"/support/users/{user.id}"),
+             client.get("/support/plans")]
+    for response in pages:
+        assert response.status_code == 200
+        assert canary not in html(response)
+    # The trace did show this user: ids, email, counts.
+    assert "owner@example.test" in html(pages[2]) and "Total chunks" in html(pages[2])
