@@ -130,7 +130,9 @@ def plan_rows(session: Session) -> list[PlanRow]:
     queries for the plans and their rows, one for the user counts."""
     plans = session.scalars(
         select(Plan).options(selectinload(Plan.assignments))
-        .order_by(Plan.is_default.desc(), Plan.name)
+        .order_by(Plan.is_default.desc(), Plan.name, Plan.id)
+        # Assignment rows added since the session first loaded a plan must count.
+        .execution_options(populate_existing=True)
     ).all()
     counts = count_active_users_by_plan(session)
     rows = []

@@ -18,16 +18,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
 from dashboard.memory.models import MemoryBuild, MemoryChunk
-from dashboard.plans.models import Plan
+from dashboard.plans.impact import plan_rows
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import (
     SourceState,
-    UserPlan,
-    effective_plan_id,
     get_plan_for_user,
     resolve_sources,
 )
@@ -305,22 +303,9 @@ class PlanReportRow:
 def plan_report(session: Session) -> tuple[PlanReportRow, ...]:
     """Every plan, the default first then by name: cap, users, included sources and the
     assigned sources its cap evicts. Three queries whatever the number of plans."""
-    plans = session.scalars(
-        select(Plan).options(selectinload(Plan.assignments))
-        .order_by(Plan.is_default.desc(), Plan.name, Plan.id)
-        # Assignment rows added since the session first loaded a plan must count.
-        .execution_options(populate_existing=True)
-    ).all()
-    # One grouped count for all plans; effective_plan_id puts plan_id NULL on the default.
-    plan_of_user = effective_plan_id().label("plan_id")
-    users = dict(session.execute(
-        select(plan_of_user, func.count()).where(User.active).group_by(plan_of_user)
-    ).all())
-
     rows = []
-    for plan in plans:
-        resolution = resolve_sources(UserPlan.from_plan(plan))
-        count = users.get(plan.id, 0)
+    for row in plan_rows(session):
+        plan, resolution, count = row.plan, row.resolution, row.users
         rows.append(PlanReportRow(
             id=plan.id, name=plan.name, slug=plan.slug, is_default=plan.is_default,
             active=plan.active, cap=plan.included_sources, users=count,
