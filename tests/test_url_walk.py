@@ -42,7 +42,7 @@ QUERIES = (
 # Values for a filter of every kind the list has: strings, numbers out of range, lists.
 FILTER_VALUES = ("abc", BIG, INT4, "-1", "", f"1,abc,{BIG}")
 # Rule arguments other than files: one plausible value each, then malformed ones.
-PLAUSIBLE_ARGS = {"export_type": ("csv", "xlsx")}
+PLAUSIBLE_ARGS = {"export_type": ("csv", "xlsx"), "user_id": (1, 2**31)}
 MALFORMED_ARGS = ("abc", BIG, "-1", "..%2F..%2Fpyproject.toml", "%00", "%FF%FE")
 # File serving: path traversal and NUL only.
 FILE_PATHS = ("../pyproject.toml", "%2e%2e/%2e%2e/pyproject.toml", "..%2F..%2Fpyproject.toml",
@@ -125,10 +125,10 @@ def _paths(rule) -> Iterator[str]:
 
 def _filter_queries(app, endpoint: str) -> Iterator[str]:
     view = getattr(app.view_functions[endpoint], "__self__", None)
-    filters = view.get_filters() if hasattr(view, "get_filters") else None
-    for index in range(len(filters or ())):
+    # The names the view reads its filters by (indexes, or names with named_filter_urls).
+    for key in getattr(view, "_filter_args", None) or ():
         for value in FILTER_VALUES:
-            yield f"flt0_{index}={value}"
+            yield f"flt0_{key}={value}"
 
 
 def _rules(app):

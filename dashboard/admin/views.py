@@ -89,6 +89,11 @@ def _int_arg(name: str, minimum: int, maximum: int) -> None:
         abort(400, f"The “{name}” value in the address is not valid.")
 
 
+_OPERATIONS = {"create_view": "can_create", "edit_view": "can_edit",
+               "delete_view": "can_delete", "details_view": "can_view_details",
+               "export": "can_export"}
+
+
 class StaffModelView(_RoleGate, ModelView):
     form_base_class = StaffForm
     page_size = 50
@@ -121,11 +126,24 @@ class StaffModelView(_RoleGate, ModelView):
         return super()._get_list_filter_args()
 
     def _handle_view(self, name: str, **kwargs: Any) -> Any:
+        denied = super()._handle_view(name, **kwargs)  # the role gate first
+        if denied is not None:
+            return denied
+        # An operation this list does not offer is no page at all (Flask-Admin would
+        # redirect to the list as if something had happened).
+        flag = _OPERATIONS.get(name)
+        if (flag and not getattr(self, flag)) or \
+                (name == "ajax_update" and not self.column_editable_list):
+            abort(404, "This list has no such page.")
+        if name == "action_view":
+            chosen = request.form.get("action")
+            if chosen not in self._actions_data or not self.is_action_allowed(chosen):
+                abort(400, "There is no such action for this list.")
         # A record page with an empty id is a malformed address, not "back to the list".
         if name in ("edit_view", "details_view", "delete_view") and "id" in request.args \
                 and not request.args["id"]:
             abort(404, "There is no such record.")
-        return super()._handle_view(name, **kwargs)
+        return None
 
     def handle_view_exception(self, exc: Exception) -> bool:
         # Flask-Admin would flash str(exc): SQL, parameters, a password hash.
@@ -428,18 +446,18 @@ class ApiKeyView(AdminOnlyView):
                                              if revoked < len(keys) else "."), "success")
 
 
-def _duration(context: Any, build: Any, name: str) -> str:
+def _duration(view: Any, context: Any, build: Any, name: str) -> str:
     if build.started_at is None or build.finished_at is None:
         return ""
     return f"{(build.finished_at - build.started_at).total_seconds():.1f} s"
 
 
-def _build_user(context: Any, build: Any, name: str) -> Any:
+def _build_user(view: Any, context: Any, build: Any, name: str) -> Any:
     return Markup('<a href="{}">{}</a>').format(
         url_for("support.trace", user_id=build.user_id), build.user.email)
 
 
-def _resolution_table(context: Any, build: Any, name: str) -> Any:
+def _resolution_table(view: Any, context: Any, build: Any, name: str) -> Any:
     return Markup(render_template("admin/builds/_resolution.html", build=build))
 
 
