@@ -4,7 +4,6 @@ from sqlalchemy import select
 
 from dashboard.memory.maintenance import fan_out_plan_builds
 from dashboard.memory.models import MemoryBuild
-from dashboard.plans.models import Plan
 from tests.conftest import csrf_from
 from tests.factories import make_plan, make_user
 

@@ -1,0 +1,147 @@
+"""No staff page and no audit event ever holds content (§8, §9).
+
+A user's messages, Blinks, saved memories, documents, profile facts and memory chunks all
+carry one unique canary string; audited actions touch that user (plan switch, builds,
+key revocation, assignment and cap changes of their plan). Then every staff page is
+crawled as admin and as support — every link reachable from the staff home, the record
+pages, filtered lists, CSV exports, the support pages — and none contains the canary;
+neither does any audit event, in any column.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections import deque
+from urllib.parse import urljoin, urlsplit
+
+import pytest
+from sqlalchemy import select
+
+from dashboard.audit.models import AuditEvent
+from dashboard.audit.services import SYSTEM
+from dashboard.blinks.models import Blink
+from dashboard.documents.models import Document
+from dashboard.memory.embedders import HashingEmbedder
+from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memory.pipeline import run_memory_build
+from dashboard.memory.requests import request_builds_by_staff
+from dashboard.orbitpilot.models import ProfileFact
+from dashboard.plans.editing import set_assignment, set_cap
+from dashboard.sources import CHAT_HISTORY, SAVED
+from dashboard.xmemo.keys import revoke_key
+from dashboard.xmemo.models import ApiKey, Memory
+from tests.conftest import csrf_from
+from tests.factories import make_conversation, make_plan, make_user
+
+MAX_PAGES = 400
+HREF = re.compile(r'href="([^"#]+)')
+# Links that leave the staff console or change something.
+SKIP = ("/auth/", "/static/", "/admin/static/", "/memory/", "delete", "/new/", "/edit/")
+
+
+@pytest.fixture
+def canary_world(db_session):
+    canary = f"canary-{uuid.uuid4().hex}"
+    plan = make_plan(db_session, name="Canary plan", cap=5)
+    owner = make_user(db_session, plan=plan, email="canary-owner@example.test")
+    make_conversation(db_session, owner, [(f"{canary} question", f"{canary} answer"),
+                                          (f"{canary} private", f"{canary} reply")],
+                      flagged={1}, title=f"{canary} conversation")
+    key = ApiKey(owner_id=owner.id, name="connector", prefix="op_canary", key_hash="x",
+                 scopes=["memory:read", "memory:write"])
+    db_session.add_all([
+        Blink(user_id=owner.id, title=f"{canary} blink title", content=f"{canary} blink"),
+        ProfileFact(user_id=owner.id, key="city", value=f"{canary} city"),
+        Memory(owner_id=owner.id, content=f"{canary} saved memory",
+               metadata_={"note": f"{canary} metadata"}, source="chatgpt"),
+        Document(user_id=owner.id, title="notes", filename="notes.md",
+                 content=f"{canary} document text"),
+        key,
+    ])
+    db_session.flush()
+    # A real build: the chunks carry the canary, the build record its counts.
+    build = MemoryBuild(user_id=owner.id, mode="full", trigger="admin", status="running")
+    db_session.add(build)
+    db_session.flush()
+    run_memory_build(owner, "full", session=db_session, embedder=HashingEmbedder(),
+                     build_id=build.id)
+    assert db_session.scalar(select(MemoryChunk.id).where(
+        MemoryChunk.user_id == owner.id, MemoryChunk.content.contains(canary)).limit(1))
+    # Audited actions about this user and their plan.
+    request_builds_by_staff(db_session, [owner.id], mode="quick", actor=SYSTEM)
+    set_assignment(db_session, plan, SAVED, "off", actor=SYSTEM)
+    set_cap(db_session, plan, 4, actor=SYSTEM)
+    revoke_key(db_session, key, actor=SYSTEM)
+    for role in ("support", "admin"):
+        make_user(db_session, role=role, email=f"canary-{role}@example.test")
+    db_session.commit()
+    return canary, owner, plan
+
+
+def crawl(client, starts: list[str]) -> dict[str, str]:
+    """GET every staff page reachable from ``starts``; returns path → body."""
+    seen: dict[str, str] = {}
+    queue = deque(starts)
+    while queue and len(seen) < MAX_PAGES:
+        path = queue.popleft()
+        if path in seen:
+            continue
+        response = client.get(path)
+        assert response.status_code < 500, (path, response.status_code)
+        body = response.get_data(as_text=True)
+        seen[path] = body
+        if response.status_code != 200 or response.mimetype != "text/html":
+            continue
+        for href in HREF.findall(body):
+            href = href.replace("&amp;", "&")
+            url = urlsplit(urljoin(f"http://localhost{path}", href))
+            if url.netloc not in ("", "localhost"):
+                continue
+            target = url.path + (f"?{url.query}" if url.query else "")
+            if url.path.startswith(("/admin", "/support")) and not any(
+                    s in url.path for s in SKIP) and target not in seen:
+                queue.append(target)
+    return seen
+
+
+@pytest.mark.parametrize("role", ["support", "admin"])
+def test_no_staff_page_and_no_audit_event_holds_content(client, auth, db_session,
+                                                        canary_world, role):
+    canary, owner, plan = canary_world
+    auth.login(f"canary-{role}@example.test")
+    build_ids = db_session.scalars(select(MemoryBuild.id).where(
+        MemoryBuild.user_id == owner.id)).all()
+    starts = [
+        "/admin/", "/support/", "/support/plans", f"/support/users/{owner.id}",
+        f"/support/?q={owner.email}",
+        *(f"/admin/builds/details/?id={build_id}" for build_id in build_ids),
+        f"/admin/builds/?flt0_user_id_equals={owner.id}",
+        "/admin/audit/", f"/admin/audit/?flt0_owner_id_equals={owner.id}",
+        "/admin/audit/export/csv/",
+        f"/admin/user/details/?id={owner.id}", f"/admin/user/?search={owner.email}",
+        f"/admin/plan/details/?id={plan.id}", "/admin/api_keys/",
+        "/admin/assignments/",
+    ]
+    pages = crawl(client, starts)
+    if role == "admin":
+        token = csrf_from(client, "/admin/assignments/")
+        preview = client.post("/admin/assignments/preview", data={
+            "csrf_token": token, "plan_id": plan.id, "kind": "assignment",
+            "source_key": CHAT_HISTORY, "value": "off"})
+        assert preview.status_code == 200
+        pages["preview"] = preview.get_data(as_text=True)
+    leaking = [path for path, body in pages.items() if canary in body]
+    assert leaking == []
+    # The crawl really reached the pages about this user (not just refusals).
+    assert len(pages) > 30
+    assert owner.email in pages[f"/support/users/{owner.id}"]
+    assert any("/admin/audit/details/?id=" in path for path in pages)
+    assert any("/admin/builds/details/?id=" in path for path in pages)
+
+    events = db_session.scalars(select(AuditEvent)).all()
+    assert {"build.request", "assignment.set", "plan.cap", "api_key.revoke"} <= {
+        e.action for e in events if e.owner_id == owner.id or e.target_id == str(plan.id)}
+    for event in events:
+        values = [getattr(event, column.key) for column in AuditEvent.__table__.columns]
+        assert canary not in repr(values), event.id
