@@ -19,6 +19,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select, text
@@ -53,9 +54,24 @@ class Actor:
 SYSTEM = Actor("system")
 
 
+def _jsonb_number(literal: str) -> float | int:
+    # JSONB keeps numbers as PostgreSQL numerics and writes them back without exponent or
+    # sign of zero: 1e+16 comes back as the integer 10000000000000000, -0.0 as 0.0. Hash
+    # what will come back, or verify would call an untouched event changed.
+    if "e+" in literal or "E+" in literal:
+        return int(Decimal(literal))
+    number = float(literal)
+    return 0.0 if number == 0 else number
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"audit details cannot hold {name}: JSONB has no such number")
+
+
 def _json_safe(value: Any) -> Any:
     """What JSONB gives back for ``value``: hashing the stored form keeps verify exact."""
-    return json.loads(json.dumps(value, default=str))
+    return json.loads(json.dumps(value, default=str), parse_float=_jsonb_number,
+                      parse_constant=_refuse_constant)
 
 
 def canonical(event: Mapping[str, Any]) -> bytes:
@@ -123,8 +139,10 @@ def record_event(
         occurred_at=datetime.now(UTC),
         action=action,
         actor_type=actor.kind,
-        actor_id=actor.id,
-        owner_id=owner_id,
+        # As the columns will hold them (text, bigint): the hash is over the stored row,
+        # so Actor("api_key", 5) or owner_id="5" must not read back differently.
+        actor_id=None if actor.id is None else str(actor.id),
+        owner_id=None if owner_id is None else int(owner_id),
         target_type=target_type,
         target_id=None if target_id is None else str(target_id),
         mode=mode,

@@ -7,15 +7,30 @@ from sqlalchemy.exc import DBAPIError
 
 EVENT = ("INSERT INTO audit_events (seq, action, actor_type, details, prev_hash, hash) "
          "VALUES (:seq, 'test', 'system', '{}'::jsonb, :prev, :hash)")
+CHECKPOINT = "INSERT INTO audit_checkpoints (seq, hash) VALUES (:seq, :hash)"
 CHANGES = [
     "UPDATE audit_events SET action = 'tampered'",
     "DELETE FROM audit_events",
     "TRUNCATE audit_events",
 ]
+# The checkpoints vouch for the chain head: rewriting one would hide a log cut short.
+CHECKPOINT_CHANGES = [
+    "UPDATE audit_checkpoints SET seq = seq - 1",
+    "DELETE FROM audit_checkpoints",
+    "TRUNCATE audit_checkpoints",
+]
 
 
 def insert_event(conn, seq: int) -> None:
     conn.execute(text(EVENT), {"seq": seq, "prev": "0" * 64, "hash": f"{seq:064d}"})
+
+
+def insert_checkpoint(conn, seq: int) -> None:
+    conn.execute(text(CHECKPOINT), {"seq": seq, "hash": f"{seq:064d}"})
+
+
+def count(conn, table: str) -> int:
+    return conn.scalar(text(f"SELECT count(*) FROM {table}"))
 
 
 @pytest.fixture
@@ -38,11 +53,23 @@ def test_the_app_role_may_not_change_audit_events(db_session, statement):
     assert db_session.scalar(text("SELECT count(*) FROM audit_events")) == 1
 
 
+@pytest.mark.parametrize("statement", CHECKPOINT_CHANGES)
+def test_the_app_role_may_not_change_audit_checkpoints(db_session, statement):
+    insert_checkpoint(db_session, 10**12)
+    before = count(db_session, "audit_checkpoints")
+    with pytest.raises(DBAPIError, match="permission denied for table audit_checkpoints"), \
+            db_session.begin_nested():
+        db_session.execute(text(statement))
+    assert count(db_session, "audit_checkpoints") == before
+
+
 @pytest.mark.parametrize("statement", [
     "ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_update_delete",
     "ALTER TABLE audit_events DISABLE TRIGGER ALL",
     "DROP TRIGGER audit_events_no_update_delete ON audit_events",
     "SET session_replication_role = replica",
+    "ALTER TABLE audit_checkpoints DISABLE TRIGGER audit_checkpoints_no_update_delete",
+    "DROP TRIGGER audit_checkpoints_no_truncate ON audit_checkpoints",
 ])
 def test_the_app_role_cannot_switch_the_guard_off(db_session, statement):
     with pytest.raises(DBAPIError, match="must be owner|permission denied"), \
@@ -69,3 +96,12 @@ def test_even_the_owner_is_refused_by_the_triggers(owner_conn, statement):
     with pytest.raises(DBAPIError, match="append-only"), owner_conn.begin_nested():
         owner_conn.execute(text(statement))
     assert owner_conn.scalar(text("SELECT count(*) FROM audit_events")) == 1
+
+
+@pytest.mark.parametrize("statement", CHECKPOINT_CHANGES)
+def test_even_the_owner_is_refused_by_the_checkpoint_triggers(owner_conn, statement):
+    insert_checkpoint(owner_conn, 10**12)
+    before = count(owner_conn, "audit_checkpoints")
+    with pytest.raises(DBAPIError, match="append-only"), owner_conn.begin_nested():
+        owner_conn.execute(text(statement))
+    assert count(owner_conn, "audit_checkpoints") == before

@@ -21,6 +21,7 @@ from sqlalchemy import delete, func, or_, select
 
 from dashboard.audit.models import AuditEvent
 from dashboard.auth.models import User
+from dashboard.memory.maintenance import fan_out_plan_builds
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.sources import CHAT_HISTORY, SAVED
 from tests.factories import default_plan
@@ -65,6 +66,9 @@ def free_with_chat_included(committed):
         for key, enabled in original.items():
             session.add(SourceAssignment(plan_id=free.id, source_key=key, enabled=enabled))
         session.commit()
+        # What a worker would have done with the fan-outs these changes asked for: Free
+        # is left with no change waiting (the sweeper's tests count the plans that are).
+        fan_out_plan_builds(session, free.id)
 
 
 def active_users_of_default_plan(session, plan_id: int) -> int:
