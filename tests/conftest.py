@@ -122,7 +122,8 @@ def _drop_databases_of_dead_runs(admin_url: str) -> None:
         names = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE %s",
                              (TEST_DATABASE_PREFIX + "%",)).fetchall()
         for (name,) in names:
-            pid = name.removeprefix(TEST_DATABASE_PREFIX)
+            # "orbitpilot_test_<pid>", or a scratch database of that run ("…_<pid>_chain").
+            pid = name.removeprefix(TEST_DATABASE_PREFIX).split("_", 1)[0]
             if pid.isdigit() and not pid_alive(int(pid)):
                 conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
                              .format(sql.Identifier(name)))
