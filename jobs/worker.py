@@ -8,8 +8,11 @@ per-queue lock), so it can never outlive the worker."""
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import pkgutil
+import signal
 import socket
 import threading
 import time
@@ -35,12 +38,47 @@ class JobIdFilter(logging.Filter):
         return True
 
 
-def maintenance_loop(app: Flask, stop: threading.Event, scheduler: RQScheduler | None) -> None:
+class ForkingWorker(Worker):
+    """RQ's forking worker, whose work horse dies with it: a horse left behind by a
+    worker that was killed would go on holding the database and the embedded servers."""
+
+    def main_work_horse(self, job, queue):  # noqa: ANN001 (RQ's signature)
+        from dashboard.embedded import die_with_parent
+
+        die_with_parent(self.pid, signal.SIGKILL)
+        return super().main_work_horse(job, queue)
+
+
+def import_everything() -> None:
+    """Import every module of the app and the jobs before any thread starts or any job
+    is forked. A fork copies a module lock that another thread holds mid-import; the work
+    horse would then wait for that import forever (seen: a horse forked while the
+    maintenance thread's first pass was importing)."""
+    import dashboard
+    import jobs
+
+    for package in (dashboard, jobs):
+        for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
+            importlib.import_module(module.name)
+
+
+def maintenance_pass(app: Flask, holder: str) -> None:
     from dashboard.extensions import db
     from dashboard.memory.maintenance import run_due_tasks
 
-    holder = f"{socket.gethostname()}:{os.getpid()}"
-    next_maintenance = 0.0
+    with app.app_context():
+        try:
+            run_due_tasks(db.session, app.config, holder=holder)
+        except Exception as exc:
+            log.warning("maintenance pass failed: %s", type(exc).__name__)
+        finally:
+            db.session.remove()
+
+
+def maintenance_loop(app: Flask, stop: threading.Event, scheduler: RQScheduler | None,
+                     holder: str) -> None:
+    # The first pass ran before the worker started (see run_worker).
+    next_maintenance = time.monotonic() + MAINTENANCE_EVERY_SECONDS
     try:
         while not stop.wait(TICK_SECONDS):
             if scheduler is not None:
@@ -54,13 +92,7 @@ def maintenance_loop(app: Flask, stop: threading.Event, scheduler: RQScheduler |
             if time.monotonic() < next_maintenance:
                 continue
             next_maintenance = time.monotonic() + MAINTENANCE_EVERY_SECONDS
-            with app.app_context():
-                try:
-                    run_due_tasks(db.session, app.config, holder=holder)
-                except Exception as exc:
-                    log.warning("maintenance pass failed: %s", type(exc).__name__)
-                finally:
-                    db.session.remove()
+            maintenance_pass(app, holder)
     finally:
         if scheduler is not None:
             try:
@@ -74,7 +106,8 @@ def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
     from dashboard.memory.queue import get_build_queue, get_redis
     from jobs.builds import work_horse_killed
 
-    worker_class = SimpleWorker if simple else Worker
+    worker_class = SimpleWorker if simple else ForkingWorker
+    import_everything()
     handler = logging.StreamHandler()
     handler.addFilter(JobIdFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(job_id)s] %(name)s: "
@@ -89,11 +122,14 @@ def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
         scheduler = RQScheduler([queue], connection=get_redis(app))
     stop = threading.Event()
     thread = None
-    if not burst:
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    if not burst and maintenance:
+        # Once here, before any job is forked, so whatever its first run loads lazily
+        # (drivers, dialect modules) is loaded by then; then every few seconds in a thread.
+        maintenance_pass(app, holder)
         thread = threading.Thread(target=maintenance_loop, name="maintenance", daemon=True,
-                                  args=(app, stop, scheduler if maintenance else None))
-        if maintenance:
-            thread.start()
+                                  args=(app, stop, scheduler, holder))
+        thread.start()
     try:
         with app.app_context():
             if burst:
