@@ -20,6 +20,7 @@ from dashboard.admin.views import _RoleGate, parse_key
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
 from dashboard.plans.editing import (
+    PlanChanged,
     PlanError,
     assignment_value,
     check_assignment,
@@ -120,14 +121,20 @@ class AssignmentView(_RoleGate, BaseView):
             change = self._change()
         except PlanError as exc:
             return self._matrix(str(exc), 400)
-        if request.form.get("expected") != change.current():
-            return self._preview(change, STALE, 409)
+        expected = request.form.get("expected", "")
         actor = Actor.of(current_user)
-        if change.kind == "cap":
-            impact = set_cap(db.session, change.plan, change.cap, actor=actor)
-        else:
-            impact = set_assignment(db.session, change.plan, change.source_key, change.value,
-                                    actor=actor)
+        try:
+            if change.kind == "cap":
+                if not expected.isdigit():
+                    raise PlanChanged()
+                impact = set_cap(db.session, change.plan, change.cap, actor=actor,
+                                 expected=int(expected))
+            else:
+                impact = set_assignment(db.session, change.plan, change.source_key,
+                                        change.value, actor=actor, expected=expected)
+        except PlanChanged:
+            db.session.rollback()
+            return self._preview(self._change(), STALE, 409)
         db.session.commit()
         flash(f"{change.describe()}: done. " + _impact_sentence(impact), "success")
         return redirect(url_for(".index"), 303)

@@ -31,6 +31,14 @@ class PlanError(ValueError):
         self.field = field
 
 
+class PlanChanged(PlanError):
+    """The plan no longer holds the value the change was confirmed against."""
+
+    def __init__(self) -> None:
+        super().__init__("This plan changed while you were looking at the preview. Nothing "
+                         "was applied.", "expected")
+
+
 @dataclass(frozen=True)
 class PlanFields:
     name: str
@@ -129,16 +137,23 @@ def update_plan(session: Session, plan: Plan, fields: PlanFields, *, actor: Acto
 
 
 def _locked(session: Session, plan: Plan) -> Plan:
-    # Two admins changing one plan at once: the second waits and then sees the first's
-    # change (the impact it audits is computed from the plan as it really is).
-    return session.get(Plan, plan.id, with_for_update=True, populate_existing=True)
+    # Two admins changing one plan at once: the second waits, then reads the plan and its
+    # rows as the first left them (the check against ``expected`` and the impact it
+    # audits are about the plan as it really is).
+    plan = session.get(Plan, plan.id, with_for_update=True, populate_existing=True)
+    session.expire(plan, ["assignments"])
+    return plan
 
 
-def set_cap(session: Session, plan: Plan, cap: object, *, actor: Actor) -> Impact:
+def set_cap(session: Session, plan: Plan, cap: object, *, actor: Actor,
+            expected: int | None = None) -> Impact:
     """Set how many assigned sources the plan's builds include. Returns the impact; the
-    plan's users get builds requested (``memory.changes``) when the cap moved."""
+    plan's users get builds requested (``memory.changes``) when the cap moved.
+    ``expected``: the cap the admin saw; another one now raises ``PlanChanged``."""
     cap = check_cap(cap)
     plan = _locked(session, plan)
+    if expected is not None and plan.included_sources != expected:
+        raise PlanChanged()
     impact = preview_plan_change(session, plan, cap=cap)
     if plan.included_sources == cap:
         return impact
@@ -169,13 +184,16 @@ def assignment_value(plan: Plan, source_key: str) -> str:
 
 
 def set_assignment(session: Session, plan: Plan, source_key: object, value: object, *,
-                   actor: Actor) -> Impact:
+                   actor: Actor, expected: str | None = None) -> Impact:
     """Switch a source on or off for a plan, or back to the registry's default (the row
-    is removed). Returns the impact; builds are requested for the plan's users."""
+    is removed). Returns the impact; builds are requested for the plan's users.
+    ``expected``: the row the admin saw; another one now raises ``PlanChanged``."""
     source_key, value = check_assignment(source_key, value)
     plan = _locked(session, plan)
-    impact = preview_plan_change(session, plan, assignment=(source_key, value))
     before = assignment_value(plan, source_key)
+    if expected is not None and before != expected:
+        raise PlanChanged()
+    impact = preview_plan_change(session, plan, assignment=(source_key, value))
     if before == value:
         return impact
     row = next((r for r in plan.assignments if r.source_key == source_key), None)

@@ -333,3 +333,17 @@ def test_revoking_keys_is_audited_once_per_key(client, db_session, admin):
                for e in events)
     db_session.expire_all()
     assert all(db_session.get(ApiKey, k.id).revoked_at is not None for k in keys)
+
+
+def test_the_services_check_what_the_admin_saw_under_the_plans_lock(db_session):
+    from dashboard.plans.editing import PlanChanged
+
+    plan = make_plan(db_session, cap=3, assignments={CHAT_HISTORY: False})
+    with pytest.raises(PlanChanged):
+        set_assignment(db_session, plan, CHAT_HISTORY, "on", actor=SYSTEM, expected="default")
+    with pytest.raises(PlanChanged):
+        set_cap(db_session, plan, 4, actor=SYSTEM, expected=2)
+    assert audit_events(db_session) == []
+    set_assignment(db_session, plan, CHAT_HISTORY, "on", actor=SYSTEM, expected="off")
+    set_cap(db_session, plan, 4, actor=SYSTEM, expected=3)
+    assert [e.action for e in audit_events(db_session)] == ["assignment.set", "plan.cap"]
