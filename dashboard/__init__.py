@@ -130,12 +130,16 @@ def init_security(app: Flask) -> None:
 
 def init_blueprints(app: Flask) -> None:
     from dashboard.auth.views import bp as auth_bp
+    from dashboard.blinks.views import bp as blinks_bp
+    from dashboard.documents.views import bp as documents_bp
     from dashboard.memory.views import bp as memory_bp
+    from dashboard.orbitpilot.profile import bp as profile_bp
+    from dashboard.orbitpilot.views import bp as orbitpilot_bp
     from dashboard.views import bp as main_bp
 
-    app.register_blueprint(main_bp)
-    app.register_blueprint(auth_bp)
-    app.register_blueprint(memory_bp)
+    for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
+                      documents_bp):
+        app.register_blueprint(blueprint)
 
 
 def init_admin(app: Flask) -> None:

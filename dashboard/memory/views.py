@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, flash, redirect, request, url_for
+from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask_login import current_user, login_required
 
 from dashboard.extensions import db
 from dashboard.memory.requests import RateLimited, request_user_update
 
 bp = Blueprint("memory", __name__, url_prefix="/memory")
+
+
+@bp.route("/status")
+@login_required
+def status():
+    """The Memory Status page (§4)."""
+    return render_template("memory/status.html")
 
 
 @bp.route("/update", methods=["POST"])
