@@ -6,7 +6,7 @@ import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 
-from dashboard.audit.services import Actor
+from dashboard.audit.services import Actor, record_event
 from dashboard.auth import services as accounts
 from dashboard.extensions import db
 
@@ -75,6 +75,9 @@ def _create(email: str, password: str, name: str, role: str, plan_ref: str | Non
         )
     except accounts.AccountError as exc:
         _fail(str(exc))
+    record_event(db.session, action="user.create", actor=CLI_ACTOR, owner_id=user.id,
+                 target_type="user", target_id=user.id,
+                 details={"after": {"role": user.role, "plan_id": user.plan_id}})
     db.session.commit()
     click.echo(f"Created {user.role} {user.email} (id {user.id}).")
 
@@ -174,14 +177,14 @@ def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
         plan = accounts.find_plan(db.session, plan_ref)
     except accounts.AccountError as exc:
         _fail(str(exc))
-    from dashboard.audit.services import record_event
-
-    record_event(db.session, action="build.request_plan", actor=CLI_ACTOR, target_type="plan",
-                 target_id=plan.id, mode=mode)
     total = 0
     for count in request_builds_for_plan(db.session, plan, mode=mode):
         db.session.commit()
         total += count
+    # Recorded once the requests are in, in a short transaction of its own: the chain's
+    # lock is never held across the batches.
+    record_event(db.session, action="build.request_plan", actor=CLI_ACTOR, target_type="plan",
+                 target_id=plan.id, mode=mode, details={"users": total})
     db.session.commit()
     click.echo(f"{plan.slug}: requested {mode} builds for {total} user(s)")
 
@@ -220,12 +223,22 @@ def audit_group() -> None:
 
 
 @audit_group.command("verify")
+@click.option("--expect", "expected", multiple=True, metavar="SEQ:HASH",
+              help="a chain head kept elsewhere (from an earlier verify) that this log "
+                   "must still contain; repeatable")
 @with_appcontext
-def audit_verify() -> None:
+def audit_verify(expected: tuple[str, ...]) -> None:
     """Recompute the hash chain; print OK or the first broken event (exit status 1)."""
     from dashboard.audit.services import verify_chain
 
-    result = verify_chain(db.session)
+    heads = {}
+    for item in expected:
+        seq, _, head_hash = item.partition(":")
+        if not (seq.isdigit() and len(head_hash) == 64
+                and all(c in "0123456789abcdef" for c in head_hash)):
+            _fail(f"--expect takes SEQ:HASH (a number, a colon, 64 hex digits), not {item!r}.")
+        heads[int(seq)] = head_hash
+    result = verify_chain(db.session, expect=heads)
     db.session.rollback()
     click.echo(result.describe())
     if not result.ok:

@@ -3,8 +3,9 @@ plan, and an impact preview before either is applied.
 
 Plain forms, no JavaScript needed: a cell's button POSTs the change to ``preview``, which
 shows who gains and who loses what; the preview's Confirm POSTs it to ``apply``. Confirm
-carries the value the admin saw (``expected``): if someone changed the plan in between,
-the admin sees the impact as it is now instead of applying a change they never saw.
+carries the plan as the preview saw it (``expected``: its cap and every row): if someone
+changed any of it in between, the admin sees the impact as it is now instead of applying
+a change whose impact they never saw.
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from dashboard.extensions import db
 from dashboard.plans.editing import (
     PlanChanged,
     PlanError,
-    assignment_value,
     check_assignment,
     check_cap,
     set_assignment,
     set_cap,
 )
-from dashboard.plans.impact import plan_rows, preview_plan_change
+from dashboard.plans.impact import plan_fingerprint, plan_rows, preview_plan_change
 from dashboard.plans.models import Plan
 from dashboard.sources import SOURCES, get_source
 
@@ -46,10 +46,8 @@ class PlanChange:
     cap: int | None = None
 
     def current(self) -> str:
-        """The plan's present value for what this change sets (compared on Confirm)."""
-        if self.kind == "cap":
-            return str(self.plan.included_sources)
-        return assignment_value(self.plan, self.source_key or "")
+        """What the preview's impact is computed from (compared again on Confirm)."""
+        return plan_fingerprint(self.plan)
 
     def proposed(self) -> str:
         return str(self.cap) if self.kind == "cap" else self.value or ""
@@ -125,10 +123,8 @@ class AssignmentView(_RoleGate, BaseView):
         actor = Actor.of(current_user)
         try:
             if change.kind == "cap":
-                if not expected.isdigit():
-                    raise PlanChanged()
                 impact = set_cap(db.session, change.plan, change.cap, actor=actor,
-                                 expected=int(expected))
+                                 expected=expected)
             else:
                 impact = set_assignment(db.session, change.plan, change.source_key,
                                         change.value, actor=actor, expected=expected)

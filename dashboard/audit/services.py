@@ -23,6 +23,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from dashboard.audit.models import AuditCheckpoint, AuditEvent
@@ -131,6 +132,9 @@ def record_event(
 ) -> AuditEvent:
     """Append one event to the chain, in the caller's transaction (flushed, not
     committed): it lands with the change it describes, or not at all."""
+    # The caller's pending writes first: their row locks are then always taken before
+    # the chain's lock, in every path, so two audited transactions cannot deadlock.
+    session.flush()
     session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CHAIN_LOCK})
     seq, prev_hash = _chain_head(session)
     event = AuditEvent(
@@ -158,16 +162,22 @@ def record_event(
 # -- checkpoints and verification --------------------------------------------------------
 
 def checkpoint_chain(session: Session) -> AuditCheckpoint | None:
-    """Write the chain head down, if it moved since the last checkpoint."""
-    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _CHAIN_LOCK})
+    """Write the committed chain head down, if it moved since the last checkpoint.
+
+    No lock: seq numbers are handed out under the chain's lock and visible only once
+    committed, so what this transaction sees is always a gap-free prefix of the chain
+    and its head a valid checkpoint. (Waiting for the lock would stall a worker's
+    maintenance behind any open audited transaction.) Two workers at once: one row."""
     seq, head_hash = _chain_head(session)
     last = session.scalar(select(func.max(AuditCheckpoint.seq)))
     if seq == 0 or (last is not None and last >= seq):
         return None
-    checkpoint = AuditCheckpoint(seq=seq, hash=head_hash)
-    session.add(checkpoint)
-    session.flush()
-    return checkpoint
+    written = session.execute(
+        pg_insert(AuditCheckpoint).values(seq=seq, hash=head_hash)
+        .on_conflict_do_nothing(index_elements=[AuditCheckpoint.seq])
+        .returning(AuditCheckpoint.id)
+    ).scalar()
+    return session.get(AuditCheckpoint, written) if written is not None else None
 
 
 @dataclass(frozen=True)
@@ -208,12 +218,23 @@ def _events_in_order(session: Session, batch: int) -> Iterator[Any]:
         after = rows[-1].seq
 
 
-def verify_chain(session: Session, *, batch: int = 5000) -> Verification:
+def verify_chain(session: Session, *, batch: int = 5000,
+                 expect: dict[int, str] | None = None) -> Verification:
     """Recompute every hash and link in order; check each checkpoint against the chain.
-    Stops at the first broken link and names it."""
+    Stops at the first broken link and names it.
+
+    ``expect``: chain heads kept outside this database (seq → hash, e.g. from an earlier
+    ``verify`` printed into a ticket), checked like checkpoints — a forger who can
+    rewrite the log and its checkpoint table still cannot match those."""
     checkpoints = dict(session.execute(
         select(AuditCheckpoint.seq, AuditCheckpoint.hash).order_by(AuditCheckpoint.seq)
     ).all())
+    for seq, expected_hash in (expect or {}).items():
+        if checkpoints.get(seq, expected_hash) != expected_hash:
+            return Verification(0, 0, 0, GENESIS_HASH, None, seq,
+                                f"the checkpoint table's hash for seq {seq} differs from "
+                                "the one you gave")
+        checkpoints[seq] = expected_hash
     count, prev_seq, prev_hash, matched = 0, 0, GENESIS_HASH, 0
 
     def broken(event: Any, reason: str) -> Verification:

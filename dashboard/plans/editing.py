@@ -15,7 +15,13 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dashboard.audit.services import Actor, changes, record_event
-from dashboard.plans.impact import ASSIGNMENT_VALUES, Impact, preview_plan_change
+from dashboard.plans.impact import (
+    ASSIGNMENT_VALUES,
+    Impact,
+    assignment_values,
+    plan_fingerprint,
+    preview_plan_change,
+)
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.sources import SOURCE_KEYS, SOURCES
 
@@ -145,15 +151,20 @@ def _locked(session: Session, plan: Plan) -> Plan:
     return plan
 
 
+def _check_expected(plan: Plan, expected: str | None) -> None:
+    if expected is not None and plan_fingerprint(plan) != expected:
+        raise PlanChanged()
+
+
 def set_cap(session: Session, plan: Plan, cap: object, *, actor: Actor,
-            expected: int | None = None) -> Impact:
+            expected: str | None = None) -> Impact:
     """Set how many assigned sources the plan's builds include. Returns the impact; the
     plan's users get builds requested (``memory.changes``) when the cap moved.
-    ``expected``: the cap the admin saw; another one now raises ``PlanChanged``."""
+    ``expected``: the ``plan_fingerprint`` the admin's preview was computed from; a plan
+    that changed since raises ``PlanChanged``."""
     cap = check_cap(cap)
     plan = _locked(session, plan)
-    if expected is not None and plan.included_sources != expected:
-        raise PlanChanged()
+    _check_expected(plan, expected)
     impact = preview_plan_change(session, plan, cap=cap)
     if plan.included_sources == cap:
         return impact
@@ -177,22 +188,18 @@ def check_assignment(source_key: object, value: object) -> tuple[str, str]:
 
 def assignment_value(plan: Plan, source_key: str) -> str:
     """The plan's row for the source: "on", "off", or "default" when there is none."""
-    for row in plan.assignments:
-        if row.source_key == source_key:
-            return "on" if row.enabled else "off"
-    return "default"
+    return assignment_values(plan).get(source_key, "default")
 
 
 def set_assignment(session: Session, plan: Plan, source_key: object, value: object, *,
                    actor: Actor, expected: str | None = None) -> Impact:
     """Switch a source on or off for a plan, or back to the registry's default (the row
     is removed). Returns the impact; builds are requested for the plan's users.
-    ``expected``: the row the admin saw; another one now raises ``PlanChanged``."""
+    ``expected``: as for ``set_cap``."""
     source_key, value = check_assignment(source_key, value)
     plan = _locked(session, plan)
+    _check_expected(plan, expected)
     before = assignment_value(plan, source_key)
-    if expected is not None and before != expected:
-        raise PlanChanged()
     impact = preview_plan_change(session, plan, assignment=(source_key, value))
     if before == value:
         return impact

@@ -62,6 +62,20 @@ class Impact:
                 "lose": [s.key for s in self.lost]}
 
 
+def assignment_values(plan: Plan) -> dict[str, str]:
+    """The plan's rows as the admin sees them: source_key -> "on" | "off" (a source
+    without a row is "default")."""
+    return {a.source_key: "on" if a.enabled else "off" for a in plan.assignments}
+
+
+def plan_fingerprint(plan: Plan) -> str:
+    """Everything resolution reads of a plan (its cap and its rows), as one string: a
+    preview is confirmed against it, so a change of anything the preview's impact
+    depended on — not only the value being changed — makes the confirm stale."""
+    rows = ",".join(f"{key}={value}" for key, value in sorted(assignment_values(plan).items()))
+    return f"cap={plan.included_sources};{rows}"
+
+
 def count_active_users(session: Session, plan: Plan) -> int:
     return session.scalar(
         select(func.count()).select_from(User)
@@ -115,14 +129,12 @@ class PlanRow:
     rows: dict[str, str]  # source_key -> "on" | "off" | "default"
 
 
-def count_active_users_by_plan(session: Session,
-                               plan_ids: list[int] | None = None) -> dict[int, int]:
+def count_active_users_by_plan(session: Session) -> dict[int, int]:
     """Active users per plan, users without a plan counted on the default plan; one
     grouped query however many plans."""
     plan_id = effective_plan_id().label("plan_id")
-    query = select(plan_id, func.count()).where(User.active).group_by(plan_id)
-    counts = dict(session.execute(query).all())
-    return {pid: counts.get(pid, 0) for pid in plan_ids} if plan_ids is not None else counts
+    return dict(session.execute(
+        select(plan_id, func.count()).where(User.active).group_by(plan_id)).all())
 
 
 def plan_rows(session: Session) -> list[PlanRow]:
@@ -137,7 +149,6 @@ def plan_rows(session: Session) -> list[PlanRow]:
     counts = count_active_users_by_plan(session)
     rows = []
     for plan in plans:
-        values = {a.source_key: "on" if a.enabled else "off" for a in plan.assignments}
         rows.append(PlanRow(plan, counts.get(plan.id, 0),
-                            resolve_sources(UserPlan.from_plan(plan)), values))
+                            resolve_sources(UserPlan.from_plan(plan)), assignment_values(plan)))
     return rows

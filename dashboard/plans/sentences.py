@@ -1,6 +1,11 @@
 """One sentence per source state (§4). Every surface that says whether something is
 remembered (Memory Status, the chat notice, the reply's honesty note) calls this, so they
-can never disagree word for word."""
+can never disagree word for word.
+
+Labels are written for a list ("Your profile", "Saved memories"); inside a sentence they
+read as words ("…includes your profile."), so ``in_sentence`` lower-cases a label's first
+letter unless its first word is a name ("Blinks", "OrbitPilot") or an acronym ("API"),
+which keep their capitals wherever they stand."""
 
 from __future__ import annotations
 
@@ -12,6 +17,19 @@ GUEST_INVITATION = (
     "Nothing is remembered while you are signed out. Create a free account and "
     "OrbitPilot will remember what matters to you."
 )
+
+# Names that keep their capital at the start of a label as anywhere else. A word with a
+# capital after its first letter ("OrbitPilot", "API") is a name by its spelling alone.
+PROPER_NOUNS = frozenset({"Blink", "Blinks", "OrbitPilot", "ChatGPT", "Codex", "Copilot"})
+
+
+def in_sentence(label: str) -> str:
+    """A source's label as it reads inside a sentence: "Your profile" → "your profile",
+    "Saved memories" → "saved memories", "Blinks" → "Blinks"."""
+    first, _, _ = label.partition(" ")
+    if not first or first in PROPER_NOUNS or first[1:] != first[1:].lower():
+        return label
+    return label[0].lower() + label[1:]
 
 
 def join_labels(labels: list[str]) -> str:
@@ -31,22 +49,24 @@ def state_sentence(source: SourceResolution, resolution: Resolution) -> str:
     if source.state is SourceState.GUEST or resolution.plan is None:
         return GUEST_INVITATION
     plan = resolution.plan.name
-    label = source.label
+    label = in_sentence(source.label)
     if source.state is SourceState.INCLUDED:
         return f"Remembered: your {plan} plan includes {label}."
     if source.state is SourceState.EVICTED_BY_CAP:
         cap = source.cap or 0
         if cap == 0 or not source.filled_by:
             return f"Not remembered on the {plan} plan: your plan includes {_sources_phrase(0)}."
-        fillers = join_labels([get_source(k).label for k in source.filled_by])
-        verb = "comes" if len(source.filled_by) == 1 else "come"
+        fillers = [in_sentence(get_source(k).label) for k in source.filled_by]
+        if len(fillers) == 1:
+            # "comes" or "come" would have to agree with the label ("your Blinks come").
+            return (f"Not remembered on the {plan} plan: your plan includes "
+                    f"{_sources_phrase(cap)}, and it goes to {fillers[0]}.")
         return (
             f"Not remembered on the {plan} plan: your plan includes {_sources_phrase(cap)}, "
-            f"and {fillers} {verb} first."
+            f"and {join_labels(fillers)} come first."
         )
     if source.state is SourceState.NOT_ASSIGNED_BY_ADMIN:
         return f"Not remembered on the {plan} plan: an administrator switched {label} off."
-    return (
-        f"Not remembered on the {plan} plan: {label} is off unless an administrator "
-        "switches it on."
-    )
+    # Off by default and no plan row: phrased so no verb has to agree with the label
+    # ("your profile is", "saved memories are").
+    return f"Not remembered on the {plan} plan: an administrator has not switched on {label}."

@@ -13,8 +13,8 @@ from dashboard.audit.services import SYSTEM
 from dashboard.auth.models import User
 from dashboard.memory.maintenance import fan_out_plan_builds
 from dashboard.memory.models import MemoryBuild
-from dashboard.plans.editing import PlanError, set_assignment, set_cap
-from dashboard.plans.impact import preview_plan_change
+from dashboard.plans.editing import PlanError, assignment_value, set_assignment, set_cap
+from dashboard.plans.impact import plan_fingerprint, preview_plan_change
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.services import SourceState, resolve_build_sources
 from dashboard.sources import CHAT_HISTORY, SAVED, SOURCE_KEYS
@@ -31,8 +31,23 @@ def admin(db_session, auth):
     return user
 
 
+@pytest.fixture(autouse=True)
+def _audit_head(app):
+    """Events of this test only: committed ones of other tests (a browser test's, a
+    worker's) stay in the log, which nobody can delete from. Read on a connection of
+    its own, so the fixture does not decide which session the test uses."""
+    from dashboard.extensions import db
+
+    global AUDIT_HEAD
+    with app.app_context(), db.engine.connect() as conn:
+        AUDIT_HEAD = conn.scalar(select(func.coalesce(func.max(AuditEvent.seq), 0)))
+
+
+AUDIT_HEAD = 0
+
+
 def audit_events(db_session, action=None):
-    query = select(AuditEvent).order_by(AuditEvent.seq)
+    query = select(AuditEvent).where(AuditEvent.seq > AUDIT_HEAD).order_by(AuditEvent.seq)
     if action:
         query = query.where(AuditEvent.action == action)
     return db_session.scalars(query).all()
@@ -70,7 +85,7 @@ def test_toggling_chat_history_for_free_previews_then_applies_audits_and_request
     assert queue.job_ids == []
 
     expected = re.search(r'name="expected" value="([^"]*)"', html).group(1)
-    assert expected == "default"
+    assert expected == plan_fingerprint(free)
     applied = post_change(client, "/admin/assignments/apply", plan_id=free.id,
                           kind="assignment", source_key=CHAT_HISTORY, value="off",
                           expected=expected)
@@ -184,7 +199,7 @@ def test_a_cap_change_through_the_preview(client, db_session, admin, queue):
                        cap="4").get_data(as_text=True)
     assert "<strong>2</strong> user(s) gain <strong>Chat history</strong>" in html
     response = post_change(client, "/admin/assignments/apply", plan_id=plan.id, kind="cap",
-                           cap="4", expected="3")
+                           cap="4", expected=plan_fingerprint(plan))
     assert response.status_code == 303
     db_session.expire_all()
     assert db_session.get(Plan, plan.id).included_sources == 4
@@ -197,21 +212,34 @@ def test_a_cap_change_through_the_preview(client, db_session, admin, queue):
         assert resolve_build_sources(user).get(CHAT_HISTORY).remembered
 
 
-def test_a_confirm_of_a_stale_preview_applies_nothing(client, db_session, admin):
+@pytest.mark.parametrize("meanwhile", ["same row", "the cap", "another row"])
+def test_a_confirm_of_a_stale_preview_applies_nothing(client, db_session, admin, meanwhile):
     plan = make_plan(db_session, cap=3)
     db_session.commit()
-    # Someone else switched chat history off after this admin's preview.
-    set_assignment(db_session, plan, CHAT_HISTORY, "off", actor=SYSTEM)
+    # This admin previews switching saved memories off (chat history would come in)...
+    html = post_change(client, "/admin/assignments/preview", plan_id=plan.id,
+                       kind="assignment", source_key=SAVED, value="off").get_data(as_text=True)
+    assert "gain <strong>Chat history</strong>" in html
+    seen = re.search(r'name="expected" value="([^"]*)"', html).group(1)
+    # ...and before they confirm, another change makes that impact untrue.
+    if meanwhile == "same row":
+        set_assignment(db_session, plan, SAVED, "on", actor=SYSTEM)
+    elif meanwhile == "the cap":
+        set_cap(db_session, plan, 5, actor=SYSTEM)
+    else:
+        set_assignment(db_session, plan, CHAT_HISTORY, "off", actor=SYSTEM)
     db_session.commit()
+    events = len(audit_events(db_session))
     response = post_change(client, "/admin/assignments/apply", plan_id=plan.id,
-                           kind="assignment", source_key=CHAT_HISTORY, value="on",
-                           expected="default")
+                           kind="assignment", source_key=SAVED, value="off", expected=seen)
     assert response.status_code == 409
-    assert "changed while you were looking" in response.get_data(as_text=True)
+    page = response.get_data(as_text=True)
+    assert "changed while you were looking" in page
+    # The preview shown again is the impact now, with the plan as it is now to confirm.
+    assert f'name="expected" value="{plan_fingerprint(plan)}"' in page
     db_session.expire_all()
-    assert db_session.scalar(select(SourceAssignment.enabled).where(
-        SourceAssignment.plan_id == plan.id)) is False
-    assert len(audit_events(db_session, "assignment.set")) == 1
+    assert assignment_value(db_session.get(Plan, plan.id), SAVED) != "off"
+    assert len(audit_events(db_session)) == events
 
 
 def test_reset_to_default_removes_the_row(client, db_session, admin):
@@ -219,7 +247,7 @@ def test_reset_to_default_removes_the_row(client, db_session, admin):
     db_session.commit()
     response = post_change(client, "/admin/assignments/apply", plan_id=plan.id,
                            kind="assignment", source_key=CHAT_HISTORY, value="default",
-                           expected="on")
+                           expected=plan_fingerprint(plan))
     assert response.status_code == 303
     assert db_session.scalars(select(SourceAssignment).where(
         SourceAssignment.plan_id == plan.id)).all() == []
@@ -250,7 +278,7 @@ def test_malformed_changes_are_refused(client, db_session, admin, fields, status
 def test_the_change_needs_the_csrf_token(client, db_session, admin):
     plan = make_plan(db_session)
     response = client.post("/admin/assignments/apply", data={
-        "plan_id": plan.id, "kind": "cap", "cap": "4", "expected": "3"})
+        "plan_id": plan.id, "kind": "cap", "cap": "4", "expected": plan_fingerprint(plan)})
     assert response.status_code == 400
     assert "security token" in response.get_data(as_text=True)
     assert db_session.get(Plan, plan.id).included_sources == 3
@@ -335,15 +363,78 @@ def test_revoking_keys_is_audited_once_per_key(client, db_session, admin):
     assert all(db_session.get(ApiKey, k.id).revoked_at is not None for k in keys)
 
 
-def test_the_services_check_what_the_admin_saw_under_the_plans_lock(db_session):
+def test_two_admins_at_once_the_second_waits_and_finds_the_plan_changed(app, committed):
+    """Two real connections: the second confirm blocks on the plan's row lock while the
+    first holds it, then reads the plan as the first left it and applies nothing."""
+    import threading
+
+    from sqlalchemy.orm import Session
+
+    from dashboard.extensions import db
+    from dashboard.plans.editing import PlanChanged
+
+    plan = committed.plan(cap=3)
+    committed.session.commit()
+    seen = plan_fingerprint(plan)
+    with app.app_context():
+        first, second = Session(db.engine), Session(db.engine)
+        outcome = {}
+
+        def confirm_second():
+            try:
+                set_assignment(second, second.get(Plan, plan.id), SAVED, "off", actor=SYSTEM,
+                               expected=seen)
+                outcome["result"] = "applied"
+            except PlanChanged:
+                outcome["result"] = "refused"
+            finally:
+                second.rollback()
+
+        try:
+            set_cap(first, first.get(Plan, plan.id), 5, actor=SYSTEM, expected=seen)
+            thread = threading.Thread(target=confirm_second)
+            thread.start()
+            # The second really waits on a lock (not merely runs after the first).
+            assert wait_for_lock_wait(first), "the second confirm never waited"
+            first.commit()
+            thread.join(timeout=10)
+            assert outcome == {"result": "refused"}
+        finally:
+            first.rollback()
+            first.close()
+            second.close()
+
+
+def wait_for_lock_wait(session, timeout: float = 10.0) -> bool:
+    import time
+
+    from sqlalchemy import text
+
+    from dashboard.extensions import db
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with db.engine.connect() as probe:
+            waiting = probe.scalar(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"))
+        if waiting:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_services_confirm_against_another_fingerprint_changes_nothing(db_session):
     from dashboard.plans.editing import PlanChanged
 
     plan = make_plan(db_session, cap=3, assignments={CHAT_HISTORY: False})
+    stale = "cap=3;"
     with pytest.raises(PlanChanged):
-        set_assignment(db_session, plan, CHAT_HISTORY, "on", actor=SYSTEM, expected="default")
+        set_assignment(db_session, plan, CHAT_HISTORY, "on", actor=SYSTEM, expected=stale)
     with pytest.raises(PlanChanged):
-        set_cap(db_session, plan, 4, actor=SYSTEM, expected=2)
+        set_cap(db_session, plan, 4, actor=SYSTEM, expected=stale)
     assert audit_events(db_session) == []
-    set_assignment(db_session, plan, CHAT_HISTORY, "on", actor=SYSTEM, expected="off")
-    set_cap(db_session, plan, 4, actor=SYSTEM, expected=3)
+    set_assignment(db_session, plan, CHAT_HISTORY, "on", actor=SYSTEM,
+                   expected=plan_fingerprint(plan))
+    set_cap(db_session, plan, 4, actor=SYSTEM, expected=plan_fingerprint(plan))
     assert [e.action for e in audit_events(db_session)] == ["assignment.set", "plan.cap"]

@@ -14,6 +14,7 @@ import pytest
 
 from dashboard.audit.services import SYSTEM, record_event
 from dashboard.memory.models import MemoryBuild
+from dashboard.plans.impact import plan_fingerprint
 from dashboard.sources import CHAT_HISTORY
 from dashboard.xmemo.models import ApiKey
 from tests.conftest import csrf_from
@@ -35,6 +36,7 @@ def staff(status: int) -> dict[str, int]:
 
 @dataclass(frozen=True)
 class World:
+    fingerprint: str
     plan: int
     user: int
     key: int
@@ -57,7 +59,7 @@ def world(db_session) -> World:
     for role in ("user", "support", "admin"):
         make_user(db_session, role=role, email=f"matrix-{role}@example.test")
     db_session.commit()
-    return World(plan.id, target.id, key.id, build.id, event.id)
+    return World(plan_fingerprint(plan), plan.id, target.id, key.id, build.id, event.id)
 
 
 def get_cases(w: World) -> list[tuple[str, dict[str, int]]]:
@@ -139,9 +141,9 @@ def post_cases(w: World) -> list[tuple[str, dict, dict[str, int]]]:
          admin_only(200)),
         ("/admin/assignments/apply", {"plan_id": str(w.plan), "kind": "assignment",
                                       "source_key": CHAT_HISTORY, "value": "off",
-                                      "expected": "default"}, admin_only(303)),
+                                      "expected": w.fingerprint}, admin_only(303)),
         ("/admin/assignments/apply", {"plan_id": str(w.plan), "kind": "cap", "cap": "9",
-                                      "expected": "3"}, admin_only(400)),
+                                      "expected": w.fingerprint}, admin_only(400)),
         ("/admin/builds/action/", {"action": "delete", "rowid": str(w.build)}, staff(400)),
         ("/admin/builds/delete/", {"id": str(w.build)}, staff(404)),
         (f"/admin/builds/edit/?id={w.build}", {"status": "failed"}, staff(404)),

@@ -343,9 +343,12 @@ def test_a_plan_cap_change_committed_by_an_admin_reaches_every_user_through_the_
     queue.empty()
     client = app.test_client()
     sign_in(client, admin.email)
+    from dashboard.plans.impact import plan_fingerprint
+
     token = csrf_from(client, "/admin/assignments/")
     response = client.post("/admin/assignments/apply", data={
-        "plan_id": plan.id, "kind": "cap", "cap": "4", "expected": "3", "csrf_token": token})
+        "plan_id": plan.id, "kind": "cap", "cap": "4", "expected": plan_fingerprint(plan),
+        "csrf_token": token})
     assert response.status_code == 303
     assert queue.job_ids == [fanout_job_id(plan.id)]
     for user in users:  # the admin's request itself requested none of them
