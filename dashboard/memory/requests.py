@@ -40,9 +40,11 @@ class BuildRequestError(ValueError):
 
 
 class RateLimited(BuildRequestError):
+    # Says only what is known: the user asked. Their earlier request may still be
+    # waiting for a worker, so "your memory was updated" would be false.
     def __init__(self, retry_after: int) -> None:
         super().__init__(
-            f"Your memory was updated a moment ago; you can ask again in {retry_after} s."
+            f"You asked for an update a moment ago; you can ask again in {retry_after} s."
         )
         self.retry_after = retry_after
 

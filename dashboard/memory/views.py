@@ -1,12 +1,14 @@
-"""User-facing memory actions."""
+"""User-facing memory pages: Memory Status and "Update my memory now"."""
 
 from __future__ import annotations
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask import Blueprint, current_app, flash, redirect, render_template, url_for
 from flask_login import current_user, login_required
 
 from dashboard.extensions import db
 from dashboard.memory.requests import RateLimited, request_user_update
+from dashboard.memory.status import embedder_model_name, memory_status
+from dashboard.plans.services import resolve_build_sources
 
 bp = Blueprint("memory", __name__, url_prefix="/memory")
 
@@ -14,21 +16,29 @@ bp = Blueprint("memory", __name__, url_prefix="/memory")
 @bp.route("/status")
 @login_required
 def status():
-    """The Memory Status page (§4)."""
-    return render_template("memory/status.html")
+    """The Memory Status page (§4). Guests are sent to sign in by ``login_required``;
+    their invitation lives on the home page and in the chat."""
+    # The request's cached plan: the chat notice on this page resolves the same one.
+    resolution = resolve_build_sources(current_user)
+    page = memory_status(db.session, current_user, resolution=resolution,
+                         embedder_name=embedder_model_name(current_app.config["EMBEDDER"]))
+    return render_template("memory/status.html", page=page,
+                           interval=current_app.config["USER_BUILD_INTERVAL_SECONDS"])
 
 
 @bp.route("/update", methods=["POST"])
 @login_required
 def update_now():
-    """"Update my memory now": a quick build, at most once a minute."""
+    """"Update my memory now": a quick build, at most once per interval."""
     try:
-        request_user_update(db.session, current_user)
+        asked = request_user_update(db.session, current_user)
     except RateLimited as exc:
         flash(str(exc), "warning")  # RateLimited is our own sentence, with the wait
-        return redirect(url_for("main.index")), 303
+        return redirect(url_for("memory.status"), 303)
     db.session.commit()
-    flash("Your memory will be updated in a moment.", "success")
-    return redirect(request.referrer if request.referrer and
-                    request.referrer.startswith(request.host_url) else url_for("main.index"),
-                    303)
+    if asked.merged:
+        flash("An update was already waiting for a worker; your request joined it.", "info")
+    else:
+        flash("Update requested: it waits for a worker, and this page shows when it runs.",
+              "success")
+    return redirect(url_for("memory.status"), 303)

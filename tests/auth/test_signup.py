@@ -34,7 +34,7 @@ def test_signup_lands_on_the_default_free_plan_and_signs_in(client, db_session):
     assert user.password_hash != "a-long-enough-passphrase"
     home = client.get("/").get_data(as_text=True)
     assert "new.person@example.test" in home
-    assert "your plan includes 3 sources, and Your profile, Your Blinks and Saved memories" \
+    assert "your plan includes 3 sources, and your profile, your Blinks and saved memories" \
         " come first" in home
 
 

@@ -45,8 +45,8 @@ def test_untouched_plan_evicts_chat_history_su101_q1(db_session):
     assert chat.decided_by == "default"
     assert chat.rank == 4
     assert state_sentence(chat, resolution) == (
-        "Not remembered on the Free plan: your plan includes 3 sources, and Your profile, "
-        "Your Blinks and Saved memories come first."
+        "Not remembered on the Free plan: your plan includes 3 sources, and your profile, "
+        "your Blinks and saved memories come first."
     )
 
 
@@ -96,7 +96,7 @@ def test_admin_row_off_for_default_visible_source(db_session):
     assert saved.state is SourceState.NOT_ASSIGNED_BY_ADMIN
     assert saved.decided_by == "plan_row"
     assert not saved.assigned
-    assert "an administrator switched Saved memories off" in state_sentence(saved, resolution)
+    assert "an administrator switched saved memories off" in state_sentence(saved, resolution)
 
 
 def test_admin_row_on_for_hidden_by_default_source(db_session):

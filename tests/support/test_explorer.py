@@ -174,8 +174,8 @@ def test_su101_default_plan_evicts_chat_history(client, auth, db_session, target
     assert "cap 3 filled by" in row
     assert all(label in row for label in ("Your profile", "Your Blinks", "Saved memories"))
     # §4's sentence, word for word.
-    assert ("Not remembered on the Free plan: your plan includes 3 sources, and Your profile, "
-            "Your Blinks and Saved memories come first.") in row
+    assert ("Not remembered on the Free plan: your plan includes 3 sources, and your profile, "
+            "your Blinks and saved memories come first.") in row
     assert ">not_assigned_by_default<" in source_row(page, DOCUMENTS)
 
     # The plan report: chat history evicted on the default plan, touching its users.
@@ -197,7 +197,7 @@ def test_su101_a_plan_with_cap_4_includes_chat_history(client, auth, db_session,
     page = html(client.get(f"/support/users/{target.id}"))
     assert "the user's own plan row" in page
     row = source_row(page, CHAT_HISTORY)
-    assert ">included<" in row and "Remembered: your Roomy plan includes Chat history." in row
+    assert ">included<" in row and "Remembered: your Roomy plan includes chat history." in row
 
     report = plan_row(html(client.get("/support/plans")), roomy.id)
     assert evicted_cell(report) == {}

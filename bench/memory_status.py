@@ -1,0 +1,297 @@
+"""Memory Status page benchmark (§4): one user with 10,000 chat pairs.
+
+    .venv/bin/python bench/memory_status.py               # 10,000 pairs, 30 loads
+    .venv/bin/python bench/memory_status.py --pairs 1000  # a smaller run
+
+Fills its own database (``orbitpilot_bench_status`` on the embedded server, dropped
+afterwards unless --keep): a user on a plan whose cap includes chat history (the page's
+heaviest case: the dry run extracts every pair), with a profile, Blinks and saved
+memories. One real build runs first (through the runner, as a worker would), so the page
+has a last build and chunks; then a few pairs are flagged and a few Blinks added, so the
+dry run has something to report. The page is loaded through the Flask test client,
+signed in, connected as the app role as in production. Prints milliseconds per load
+(median, p95), queries per load, and the time inside ``preview_memory_build`` alone,
+beside the target. Nothing here passes or fails; the verdict printed is the measurement's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from sqlalchemy import create_engine, event, insert, select, text, update  # noqa: E402
+
+from dashboard import create_app  # noqa: E402
+from dashboard.extensions import db  # noqa: E402
+
+DATABASE = "orbitpilot_bench_status"
+QUEUE = "builds-bench-status"
+EMAIL = "status@bench.test"
+PASSWORD = "bench-password-123"
+TARGET_MS = 150.0
+CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
+WORDS = ("lisbon porto budget flight hotel museum dinner recipe garden meeting project "
+         "deadline invoice puppy training running marathon coffee book chapter").split()
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=10_000)
+    parser.add_argument("--loads", type=int, default=30, help="page loads measured")
+    parser.add_argument("--keep", action="store_true", help="keep the bench database")
+    return parser.parse_args()
+
+
+def bench_app():
+    """An app on a fresh database of its own, migrated as the owner role; the app itself
+    connects as the app role, with a build queue of its own. Returns (app, owner URL,
+    admin engine)."""
+    from flask_migrate import upgrade
+
+    from dashboard.embedded import OWNER_ROLE, ensure_database, ensure_started
+
+    base = create_app()
+    binding = base.extensions["orbitpilot.embedded"]
+    ensure_started(base)
+    urls = binding.services.urls()
+    admin = create_engine(urls.postgres_admin.replace("postgresql://", "postgresql+psycopg://"),
+                          isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+    ensure_database(urls.postgres_admin, DATABASE)
+    owner_url = urls.database_url(DATABASE, OWNER_ROLE)
+    app = create_app({"SQLALCHEMY_DATABASE_URI": urls.database_url(DATABASE),
+                      "MIGRATIONS_DATABASE_URI": owner_url,
+                      "BUILD_QUEUE": QUEUE, "EMBEDDER": "hashing"})
+    with app.app_context():
+        upgrade()
+        db.engine.dispose()
+    return app, owner_url, admin
+
+
+# -- the data --------------------------------------------------------------------------------
+
+def make_user(app, pairs: int) -> int:
+    """The user and their content, inserted in a few multi-row statements."""
+    import random
+
+    from werkzeug.security import generate_password_hash
+
+    from dashboard.auth.models import User
+    from dashboard.blinks.models import Blink
+    from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
+    from dashboard.plans.models import Plan
+    from dashboard.xmemo.models import Memory
+
+    rng = random.Random(4)
+
+    def words(n: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(n))
+
+    started = time.perf_counter()
+    with app.app_context():
+        session = db.session
+        plan = Plan(name="Plus", slug="plus", included_sources=4)
+        session.add(plan)
+        session.flush()
+        user = User(email=EMAIL, display_name="bench", plan_id=plan.id,
+                    password_hash=generate_password_hash(PASSWORD))
+        session.add(user)
+        session.flush()
+        session.add_all([ProfileFact(user_id=user.id, key=f"fact{n}", value=words(6))
+                         for n in range(8)])
+        session.add_all([Blink(user_id=user.id, title=words(3), content=words(40))
+                         for _ in range(50)])
+        session.add_all([Memory(owner_id=user.id, content=words(20)) for _ in range(50)])
+        # 100 conversations of pairs / 100 pairs each, as a long-time user would have.
+        conversations = max(1, min(100, pairs // 100))
+        conv_ids = session.execute(insert(Conversation).returning(Conversation.id), [
+            {"user_id": user.id, "title": f"chat {n}", "status": "ended"}
+            for n in range(conversations)
+        ]).scalars().all()
+        turns = [(conv_ids[i % conversations], i // conversations) for i in range(pairs)]
+        question_ids = session.execute(insert(Message).returning(Message.id), [
+            {"conversation_id": conv, "user_id": user.id, "role": "user",
+             "position": 2 * index, "content": words(12) + f" #{n}?"}
+            for n, (conv, index) in enumerate(turns)
+        ]).scalars().all()
+        session.execute(insert(Message), [
+            {"conversation_id": conv, "user_id": user.id, "role": "assistant",
+             "position": 2 * index + 1, "content": "Answer: " + words(25),
+             "reply_to_id": question_ids[n]}
+            for n, (conv, index) in enumerate(turns)
+        ])
+        user_id = user.id
+        session.commit()
+        session.remove()
+    print(f"made the user: {pairs:,} chat pairs, 8 profile facts, 50 Blinks, 50 saved "
+          f"memories in {time.perf_counter() - started:,.1f} s")
+    return user_id
+
+
+def first_build(app, user_id: int) -> None:
+    """One real build, requested and run the way a worker runs it."""
+    from dashboard.memory.models import MemoryBuild
+    from dashboard.memory.queue import get_build_queue
+    from dashboard.memory.requests import request_build
+    from dashboard.memory.runner import execute_build
+
+    started = time.perf_counter()
+    with app.app_context():
+        request = request_build(db.session, user_id, mode="full", trigger="admin")
+        db.session.commit()
+        get_build_queue().empty()  # run here, not by whatever worker listens
+        status = execute_build(request.build_id)
+        build = db.session.get(MemoryBuild, request.build_id)
+        print(f"first build: {status} in {time.perf_counter() - started:,.1f} s, "
+              f"added {build.added:,} chunks")
+        db.session.remove()
+
+
+def change_a_little(app, owner_url: str, user_id: int) -> None:
+    """What the dry run should find: 25 pairs flagged, 5 Blinks written since."""
+    from dashboard.blinks.models import Blink
+    from dashboard.memory.queue import get_build_queue
+    from dashboard.orbitpilot.models import Message
+
+    with app.app_context():
+        ids = db.session.scalars(select(Message.id).where(
+            Message.user_id == user_id, Message.role == "user").order_by(Message.id)
+            .limit(25)).all()
+        db.session.execute(update(Message).where(Message.id.in_(ids))
+                           .values(not_remembered=True))
+        db.session.add_all([Blink(user_id=user_id, title="new", content=f"a new Blink {n}")
+                            for n in range(5)])
+        db.session.commit()  # the Blinks' ORM flush requests a build: it stays queued
+        get_build_queue().empty()
+        db.session.remove()
+    # Statistics, as a live database has them (the app role owns no table to ANALYZE).
+    owner = create_engine(owner_url, isolation_level="AUTOCOMMIT")
+    with owner.connect() as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+    owner.dispose()
+
+
+# -- measuring -------------------------------------------------------------------------------
+
+@contextmanager
+def counted(engine) -> Iterator[list[str]]:
+    statements: list[str] = []
+
+    def before(conn, cursor, statement, parameters, context, executemany):
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", before)
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", before)
+
+
+def timings(repeat: int, call: Callable[[], Any]) -> list[float]:
+    call()  # warm: templates, the connection, the plan cache of the database
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def p95(times: list[float]) -> float:
+    return statistics.quantiles(times, n=20, method="inclusive")[18] if len(times) > 1 \
+        else times[0]
+
+
+def signed_in(app):
+    client = app.test_client()
+    token = CSRF.search(client.get("/auth/signin").get_data(as_text=True)).group(1)
+    response = client.post("/auth/signin", data={"email": EMAIL, "password": PASSWORD,
+                                                  "csrf_token": token})
+    assert response.status_code == 302, response.status_code
+    return client
+
+
+def bench_page(app, user_id: int, loads: int) -> tuple[float, float]:
+    from dashboard.auth.models import User
+    from dashboard.memory.pipeline import preview_memory_build
+    from dashboard.memory.status import embedder_model_name
+
+    client = signed_in(app)
+
+    def load() -> None:
+        response = client.get("/memory/status")
+        assert response.status_code == 200, response.status_code
+
+    with app.app_context():
+        engine = db.engine
+    load()
+    with counted(engine) as statements:
+        response = client.get("/memory/status")
+    html = response.get_data(as_text=True)
+    total = re.search(r'<tr id="next-build-total" data-add="(\d+)" data-remove="(\d+)"', html)
+    chunks = re.search(r'id="total-chunks">(\d+)<', html)
+    print(f"\n== the Memory Status page ({loads} loads, signed in) ==")
+    print(f"page shows: {int(chunks.group(1)):,} chunks stored; next build adds "
+          f"{total.group(1)}, removes {total.group(2)}")
+
+    page = timings(loads, load)
+    print(f"page load:  median {statistics.median(page):,.1f} ms   p95 {p95(page):,.1f} ms   "
+          f"min {min(page):,.1f} ms   queries per load {len(statements)}")
+
+    with app.app_context():
+        user = db.session.get(User, user_id)
+        name = embedder_model_name(app.config["EMBEDDER"])
+        dry = timings(loads, lambda: preview_memory_build(user, session=db.session,
+                                                          embedder_name=name))
+        with counted(engine) as preview_statements:
+            preview_memory_build(user, session=db.session, embedder_name=name)
+        db.session.rollback()
+        db.session.remove()
+    print(f"preview_memory_build alone: median {statistics.median(dry):,.1f} ms   "
+          f"p95 {p95(dry):,.1f} ms   queries {len(preview_statements)}   "
+          f"({statistics.median(dry) / statistics.median(page):.0%} of the page's median)")
+    print(f"the rest of the page (median page − median dry run): "
+          f"{statistics.median(page) - statistics.median(dry):,.1f} ms")
+    return statistics.median(page), p95(page)
+
+
+def main() -> int:
+    args = parse_args()
+    started = time.perf_counter()
+    app, owner_url, admin = bench_app()
+    try:
+        user_id = make_user(app, args.pairs)
+        first_build(app, user_id)
+        change_a_little(app, owner_url, user_id)
+        median, high = bench_page(app, user_id, args.loads)
+        met = high < TARGET_MS
+        print(f"\ntarget: a page load under {TARGET_MS:.0f} ms with {args.pairs:,} pairs — "
+              + ("met" if met else "NOT met") + f" (median {median:,.1f} ms, p95 {high:,.1f} ms)")
+        print(f"bench ran {time.perf_counter() - started:,.1f} s")
+    finally:
+        with app.app_context():
+            from dashboard.memory.queue import get_build_queue
+
+            queue = get_build_queue()
+            queue.empty()
+            queue.delete(delete_jobs=True)
+            db.engine.dispose()
+        if not args.keep:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+        admin.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

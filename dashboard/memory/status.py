@@ -1,0 +1,202 @@
+"""The Memory Status page's reads (§4): what a signed-in user's memory holds, why, and
+what the next build will change.
+
+Content-free by construction: every query here selects ids, states, counts and times,
+never a content column, and the dry run of the next build (``preview_memory_build``)
+returns counts only, so the page cannot show what it was never given.
+
+The query count is fixed: one grouped count of chunks, one statement for the builds
+(however many the user has), one count of flagged messages, plus the dry run (its plan,
+one query per included source, the stored keys). The plan comes in as a resolution the
+request already made, so the page and the chat notice share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, literal, select, union_all
+from sqlalchemy.orm import Session
+
+from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memory.pipeline import preview_memory_build
+from dashboard.orbitpilot.models import Message
+from dashboard.plans.sentences import state_sentence
+from dashboard.plans.services import Resolution, SourceState
+from dashboard.sources import SOURCE_KEYS
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    rank: int
+    key: str
+    label: str
+    state: SourceState
+    sentence: str  # §4's sentence, word for word what every surface says
+    chunks: int  # stored now, i.e. as of the last successful build
+    # The dry run of the next quick update, in chunks.
+    to_add: int
+    to_remove: int
+    unchanged: int
+
+    @property
+    def remembered(self) -> bool:
+        return self.state is SourceState.INCLUDED
+
+    @property
+    def net(self) -> int:
+        return self.to_add - self.to_remove
+
+
+@dataclass(frozen=True)
+class BuildSummary:
+    id: int
+    mode: str
+    trigger: str
+    status: str
+    added: int
+    removed: int
+    kept: int
+    embedded: int
+    # UTC, whatever the database session's time zone.
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    # The kind of failure as the runner recorded it (never content), for failed builds.
+    error: str | None
+
+
+@dataclass(frozen=True)
+class MemoryStatus:
+    plan_name: str
+    cap: int
+    sources: tuple[SourceStatus, ...]
+    # Chunks stored under a key the registry no longer has: the next build removes them.
+    other_chunks: int
+    last_build: BuildSummary | None  # the latest finished build, succeeded or failed
+    # The latest succeeded build, when it is not ``last_build`` (the last one failed, so
+    # the memory still holds what this one made).
+    last_success: BuildSummary | None
+    queued: BuildSummary | None  # a request waiting for a worker
+    running: BuildSummary | None
+    not_remembered_messages: int
+
+    @property
+    def total_chunks(self) -> int:
+        return sum(s.chunks for s in self.sources) + self.other_chunks
+
+    @property
+    def to_add(self) -> int:
+        return sum(s.to_add for s in self.sources)
+
+    @property
+    def to_remove(self) -> int:
+        return sum(s.to_remove for s in self.sources) + self.other_chunks
+
+    @property
+    def net(self) -> int:
+        return self.to_add - self.to_remove
+
+    @property
+    def next_build_changes_nothing(self) -> bool:
+        return self.to_add == 0 and self.to_remove == 0
+
+
+_BUILD_COLUMNS = (MemoryBuild.id, MemoryBuild.mode, MemoryBuild.trigger, MemoryBuild.status,
+                  MemoryBuild.added, MemoryBuild.removed, MemoryBuild.kept,
+                  MemoryBuild.embedded, MemoryBuild.created_at, MemoryBuild.started_at,
+                  MemoryBuild.finished_at, MemoryBuild.error)
+
+
+def embedder_model_name(setting: str) -> str:
+    """The model name chunks are stored under for an ``EMBEDDER`` setting ("hashing" →
+    "hashing-v1"), read off the class: a page must never load a model to learn its name."""
+    from dashboard.memory import embedders
+
+    factory = embedders._FACTORIES.get(setting)  # no public lookup yet; see the report
+    return factory.name if factory is not None else setting
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    return moment.astimezone(UTC) if moment is not None else None
+
+
+def _summary(row: Any) -> BuildSummary:
+    return BuildSummary(
+        id=row.id, mode=row.mode, trigger=row.trigger, status=row.status, added=row.added,
+        removed=row.removed, kept=row.kept, embedded=row.embedded,
+        created_at=_utc(row.created_at), started_at=_utc(row.started_at),
+        finished_at=_utc(row.finished_at), error=row.error if row.status == "failed" else None,
+    )
+
+
+def _latest(user_id: int, statuses: tuple[str, ...], slot: str) -> Any:
+    # Newest first along ix_memory_builds_user_id_created_at: the scan stops at the first
+    # match, so a long build history costs nothing more.
+    return (select(literal(slot).label("slot"), *_BUILD_COLUMNS)
+            .where(MemoryBuild.user_id == user_id, MemoryBuild.status.in_(statuses))
+            .order_by(MemoryBuild.created_at.desc(), MemoryBuild.id.desc())
+            .limit(1))
+
+
+def _builds(session: Session, user_id: int) -> dict[str, BuildSummary]:
+    """slot -> build: "queued", "running" (at most one each, by the two partial unique
+    indexes), "finished" (the latest succeeded or failed) and "succeeded". One statement."""
+    current = (select(MemoryBuild.status.label("slot"), *_BUILD_COLUMNS)
+               .where(MemoryBuild.user_id == user_id,
+                      MemoryBuild.status.in_(("queued", "running"))))
+    statement = union_all(
+        current,
+        _latest(user_id, ("succeeded", "failed"), "finished"),
+        _latest(user_id, ("succeeded",), "succeeded"),
+    )
+    return {row.slot: _summary(row) for row in session.execute(statement).all()}
+
+
+def memory_status(session: Session, user: Any, *, resolution: Resolution,
+                  embedder_name: str) -> MemoryStatus:
+    """Everything the Memory Status page shows for ``user``, whose plan ``resolution``
+    resolved (a signed-in user: a guest has no page)."""
+    if resolution.plan is None:
+        raise ValueError("a guest has no Memory Status page")
+    chunk_counts: dict[str, int] = dict(session.execute(
+        select(MemoryChunk.source_key, func.count())
+        .where(MemoryChunk.user_id == user.id)
+        .group_by(MemoryChunk.source_key)
+    ).all())
+    builds = _builds(session, user.id)
+    not_remembered = session.scalar(
+        select(func.count()).select_from(Message)
+        .where(Message.user_id == user.id, Message.not_remembered.is_(True))
+    ) or 0
+    preview = preview_memory_build(user, session=session, embedder_name=embedder_name)
+
+    sources = []
+    for source in resolution.sources:
+        dry_run = preview.get(source.key)
+        sources.append(SourceStatus(
+            rank=source.rank, key=source.key, label=source.label, state=source.state,
+            sentence=state_sentence(source, resolution),
+            chunks=chunk_counts.get(source.key, 0),
+            to_add=dry_run.to_add if dry_run else 0,
+            to_remove=dry_run.to_remove if dry_run else 0,
+            unchanged=dry_run.unchanged if dry_run else 0,
+        ))
+
+    last_build = builds.get("finished")
+    last_success = builds.get("succeeded")
+    if last_build is not None and last_success is not None and last_success.id == last_build.id:
+        last_success = None
+    return MemoryStatus(
+        plan_name=resolution.plan.name,
+        cap=resolution.plan.included_sources,
+        sources=tuple(sources),
+        other_chunks=sum(n for key, n in chunk_counts.items() if key not in SOURCE_KEYS),
+        last_build=last_build,
+        last_success=last_success,
+        queued=builds.get("queued"),
+        running=builds.get("running"),
+        not_remembered_messages=not_remembered,
+    )
