@@ -111,7 +111,15 @@ def extract_saved_memories(session: Session, user_id: int) -> list[Record]:
 
 
 def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
-    """Each answered (user message, reply) pair, ``source_id = "<conversation>:<pair>"``.
+    """Each answered (user message, reply) pair, ``source_id = "<conversation>:<pair>"``."""
+    return extract_chat_pairs(session, user_id)
+
+
+def extract_chat_pairs(session: Session, user_id: int,
+                       conversation_ids: Any = None) -> list[Record]:
+    """The chat-history records of all the user's conversations, or of some of them
+    (ids, or a query of ids: the dry run of a build re-reads only the conversations
+    changed since the last one).
 
     ``pair_index`` counts every user turn of the conversation in order. A flagged turn
     emits nothing, and neither does a turn not answered yet, but both still take their
@@ -121,12 +129,15 @@ def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
     The reply is the assistant turn whose ``reply_to_id`` names the user turn (the
     earliest, if regenerated); an assistant turn without a link answers the user turn
     right before it, if that turn has no linked reply."""
-    rows = session.execute(
+    query = (
         select(Message.id, Message.conversation_id, Message.role, Message.content,
                Message.not_remembered, Message.reply_to_id)
         .where(Message.user_id == user_id)
         .order_by(Message.conversation_id, Message.position)
-    ).all()
+    )
+    if conversation_ids is not None:
+        query = query.where(Message.conversation_id.in_(conversation_ids))
+    rows = session.execute(query).all()
 
     records: list[Record] = []
     conversation_id: int | None = None

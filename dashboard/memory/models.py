@@ -16,7 +16,7 @@ from sqlalchemy import (
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
@@ -119,6 +119,21 @@ class MemoryBuild(db.Model):
 
     # For staff lists (the email beside the id); loaded explicitly where listed.
     user: Mapped[User] = relationship(foreign_keys=[user_id])
+
+
+class MemoryState(db.Model):
+    """What a user's stored chunks reflect: written by every build in the transaction
+    that swaps the chunks (so the two never disagree). The dry run of the next build
+    starts from it and re-reads only what changed since ``inputs_read_at``."""
+
+    __tablename__ = "memory_states"
+
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    inputs_read_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    included_keys: Mapped[list[str]] = mapped_column(ARRAY(String(64)))
+    embedding_model: Mapped[str] = mapped_column(String(64))
+    build_id: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class MaintenanceLease(db.Model):

@@ -14,17 +14,19 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Integer, delete, exists, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from dashboard.memory.chunking import chunk_text, content_hash
 from dashboard.memory.embedders import Embedder
-from dashboard.memory.models import MemoryChunk
+from dashboard.memory.models import MemoryChunk, MemoryState
+from dashboard.orbitpilot.models import Conversation
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
-from dashboard.sources import SOURCE_KEYS, Record, extract
+from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, Record, extract, extract_chat_pairs
 
 # Namespace of the per-user advisory lock (the other half is the user id).
 BUILD_LOCK_NAMESPACE = 6_101
@@ -81,12 +83,13 @@ def quick_diff(fresh: dict[ChunkKey, str], stored: list[Any], model: str) -> Qui
     return QuickDiff(stale, new_keys, kept)
 
 
-def _stored(session: Session, user_id: int):
-    return session.execute(
-        select(MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
-               MemoryChunk.chunk_index, MemoryChunk.content_hash, MemoryChunk.embedding_model)
-        .where(MemoryChunk.user_id == user_id)
-    ).all()
+def _stored(session: Session, user_id: int, source_keys: list[str] | None = None):
+    query = select(MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
+                   MemoryChunk.chunk_index, MemoryChunk.content_hash,
+                   MemoryChunk.embedding_model).where(MemoryChunk.user_id == user_id)
+    if source_keys is not None:
+        query = query.where(MemoryChunk.source_key.in_(source_keys))
+    return session.execute(query).all()
 
 
 def lock_user(session: Session, user_id: int) -> None:
@@ -169,8 +172,25 @@ def run_memory_build(
     result.embedded = len(to_embed)
     result.reused = len(reusable)
     result.per_source = dict(per_source)
+    _record_state(session, user.id, result, resolution.included_keys, embedder.name,
+                  build_id)
     result.timings["total_ms"] = _ms(started)
     return result
+
+
+def _record_state(session: Session, user_id: int, result: BuildResult,
+                  included: tuple[str, ...], model: str, build_id: int | None) -> None:
+    """Note what the chunks now reflect. A build that changed nothing leaves an existing
+    note alone (it still holds: nothing read since then differs), so it writes nothing."""
+    values = {"inputs_read_at": result.inputs_read_at, "included_keys": list(included),
+              "embedding_model": model, "build_id": build_id}
+    if not (result.added or result.removed):
+        state = session.get(MemoryState, user_id)
+        if state is not None and (state.included_keys, state.embedding_model) == \
+                (list(included), model):
+            return
+    session.execute(pg_insert(MemoryState).values(user_id=user_id, **values)
+                    .on_conflict_do_update(index_elements=[MemoryState.user_id], set_=values))
 
 
 @dataclass(frozen=True)
@@ -181,12 +201,56 @@ class SourcePreview:
     unchanged: int
 
 
-def preview_memory_build(user: Any, *, session: Session, embedder_name: str) -> dict[str,
-                                                                                      SourcePreview]:
-    """What the next quick update would add and remove per source, writing nothing."""
-    resolution = resolve_for_build(session, user)
-    fresh = fresh_chunks(extract(session, user.id, resolution.included_keys))
-    diff = quick_diff(fresh, _stored(session, user.id), embedder_name)
+def preview_memory_build(user: Any, *, session: Session, embedder_name: str,
+                         margin_seconds: float = 60.0,
+                         resolution: Resolution | None = None) -> dict[str, SourcePreview]:
+    """What the next quick update would add and remove per source, writing nothing.
+
+    It starts from what the stored chunks reflect (``MemoryState``, written by the build
+    that stored them): a source no longer included loses all its chunks, and a source
+    included then and now is re-read — chat history only for the conversations changed
+    since that build read its inputs (less ``margin_seconds``, for a change whose
+    transaction was still open then), the other sources whole. Without a state, or with
+    chunks of another embedding model, it compares everything, as the build will.
+    ``resolution``: the user's, when the caller has it already (a page that resolved the
+    plan for this request). Each source's stored chunks are ``to_remove + unchanged``."""
+    resolution = resolution or resolve_for_build(session, user)
+    included = resolution.included_keys
+    state = session.get(MemoryState, user.id)
+    stored_counts: dict[str, int] = defaultdict(int)
+    foreign_model = False
+    for key, model, count in session.execute(
+        select(MemoryChunk.source_key, MemoryChunk.embedding_model, func.count())
+        .where(MemoryChunk.user_id == user.id)
+        .group_by(MemoryChunk.source_key, MemoryChunk.embedding_model)
+    ):
+        stored_counts[key] += count
+        foreign_model |= model != embedder_name
+    if state is None or foreign_model or state.embedding_model != embedder_name:
+        return _preview_everything(session, user.id, included, embedder_name)
+
+    preview = {key: SourcePreview(key, 0, stored_counts[key], 0) for key in SOURCE_KEYS
+               if key not in included}
+    whole = [key for key in included
+             if not (key == CHAT_HISTORY and key in state.included_keys)]
+    if whole:
+        preview.update(_preview_everything(session, user.id, tuple(whole), embedder_name,
+                                           keys=whole))
+    if CHAT_HISTORY in included and CHAT_HISTORY in state.included_keys:
+        since = state.inputs_read_at - timedelta(seconds=margin_seconds)
+        preview[CHAT_HISTORY] = _preview_changed_chat(session, user.id, since,
+                                                      stored_counts[CHAT_HISTORY])
+    return {key: preview[key] for key in SOURCE_KEYS}
+
+
+def _preview_everything(session: Session, user_id: int, included: tuple[str, ...],
+                        embedder_name: str, keys: list[str] | None = None,
+                        ) -> dict[str, SourcePreview]:
+    """The build's own comparison (extract, chunk, key, ``quick_diff``), for ``keys``
+    (default: every source)."""
+    stored = _stored(session, user_id, keys)
+    diff = quick_diff(fresh_chunks(extract(session, user_id, included)), stored,
+                      embedder_name)
     counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     for key in diff.new_keys:
         counts[key[0]][0] += 1
@@ -194,7 +258,32 @@ def preview_memory_build(user: Any, *, session: Session, embedder_name: str) -> 
         counts[row.source_key][1] += 1
     for key in diff.kept:
         counts[key[0]][2] += 1
-    return {key: SourcePreview(key, *counts[key]) for key in SOURCE_KEYS}
+    return {key: SourcePreview(key, *counts[key]) for key in (keys or SOURCE_KEYS)}
+
+
+def _preview_changed_chat(session: Session, user_id: int, since: datetime,
+                          stored_total: int) -> SourcePreview:
+    """Chat history re-read for the conversations whose messages changed since ``since``;
+    the chunks of a conversation that no longer exists are removals; every other stored
+    chunk is kept, as nothing it was made from has changed."""
+    # As a subquery, so the dry run costs the same three statements whatever changed.
+    changed = select(Conversation.id).where(Conversation.user_id == user_id,
+                                            Conversation.changed_at > since)
+    conversation_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
+    of_chat = (MemoryChunk.user_id == user_id, MemoryChunk.source_key == CHAT_HISTORY)
+    gone = session.scalar(
+        select(func.count()).select_from(MemoryChunk).where(
+            *of_chat, ~exists().where(Conversation.id == conversation_of,
+                                      Conversation.user_id == user_id))
+    ) or 0
+    fresh = fresh_chunks(extract_chat_pairs(session, user_id, changed))
+    stored = {_key(row) for row in session.execute(
+        select(MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index,
+               MemoryChunk.content_hash)
+        .where(*of_chat, conversation_of.in_(changed)))}
+    added = sum(key not in stored for key in fresh)
+    removed = sum(key not in fresh for key in stored)
+    return SourcePreview(CHAT_HISTORY, added, removed + gone, stored_total - removed - gone)
 
 
 _COPY_COLUMNS = ("user_id", "source_key", "source_id", "chunk_index", "content_hash", "content",

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import func, literal, select, union_all
 from sqlalchemy.orm import Session
 
-from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memory.models import MemoryBuild
 from dashboard.memory.pipeline import preview_memory_build
 from dashboard.orbitpilot.models import Message
 from dashboard.plans.sentences import state_sentence
@@ -161,17 +161,15 @@ def memory_status(session: Session, user: Any, *, resolution: Resolution,
     resolved (a signed-in user: a guest has no page)."""
     if resolution.plan is None:
         raise ValueError("a guest has no Memory Status page")
-    chunk_counts: dict[str, int] = dict(session.execute(
-        select(MemoryChunk.source_key, func.count())
-        .where(MemoryChunk.user_id == user.id)
-        .group_by(MemoryChunk.source_key)
-    ).all())
     builds = _builds(session, user.id)
     not_remembered = session.scalar(
         select(func.count()).select_from(Message)
         .where(Message.user_id == user.id, Message.not_remembered.is_(True))
     ) or 0
-    preview = preview_memory_build(user, session=session, embedder_name=embedder_name)
+    preview = preview_memory_build(user, session=session, embedder_name=embedder_name,
+                                   resolution=resolution)
+    # What is stored now is what the next build removes or keeps.
+    chunk_counts = {key: p.to_remove + p.unchanged for key, p in preview.items()}
 
     sources = []
     for source in resolution.sources:

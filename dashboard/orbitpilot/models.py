@@ -12,6 +12,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    func,
 )
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -38,6 +39,7 @@ class Conversation(db.Model):
     __table_args__ = (
         CheckConstraint("status IN ('open', 'ended')", name="status"),
         Index("ix_conversations_user_id_last_activity_at", "user_id", "last_activity_at"),
+        Index("ix_conversations_user_id_changed_at", "user_id", "changed_at"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -47,6 +49,10 @@ class Conversation(db.Model):
     created_at: Mapped[datetime] = created_at_column()
     last_activity_at: Mapped[datetime] = created_at_column()
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Stamped by triggers (migration 0004) when any of its messages is inserted, updated
+    # or deleted: the next build's dry run re-reads only conversations changed since.
+    changed_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.clock_timestamp(), nullable=False)
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="conversation",

@@ -387,9 +387,10 @@ def test_query_count_does_not_grow_with_builds_chunks_or_sources(client, db_sess
     small = _page_queries(client, auth, count_queries, "small@example.test")
     big = _page_queries(client, auth, count_queries, "big@example.test")
     assert len(small) == len(big)
-    # The page's own: the plan (1: the chat notice shares it), chunks per source (1), the
-    # builds (1), flagged messages (1), and the dry run: its own read of the plan (1), one
-    # extraction per included source (4 on this plan), the stored chunk keys (1) — 10.
-    # The docked chat window, another surface on every page, adds its own (1 today). The
-    # user comes from the test session's identity map; in production Flask-Login adds one.
-    assert len(big) <= 12, "\n".join(big)
+    # The page's own: the plan (1: the chat notice shares it), the builds (1), flagged
+    # messages (1), and the dry run: the memory state (1), stored chunks per source and
+    # model (1), the sources it re-reads whole (3 extractions + their stored keys: 4 on
+    # this plan), chat history's changed conversations (3) — 12. The docked chat window,
+    # another surface on every page, adds its own (1). The user comes from the test
+    # session's identity map; in production Flask-Login adds one.
+    assert len(big) == 13, "\n".join(big)
