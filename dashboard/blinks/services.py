@@ -4,12 +4,24 @@ commits. Every change here alters what the owner's next build holds, and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
 
 MAX_TITLE = 200
 MAX_CONTENT = 20_000
+PAGE_SIZE = 50
+# Beyond this a page number is a typo or a probe; clamping keeps OFFSET cheap.
+MAX_PAGE = 10_000
+# PostgreSQL ``integer``: a bigger id cannot exist, and asking for one is a DataError.
+MAX_ID = 2**31 - 1
+
+# What the eye says, in the partial, in JSON answers and in flash messages alike.
+READS_LABEL = "AI reads this"
+EXCLUDED_LABEL = "Excluded from AI memory"
 
 
 class BlinkError(ValueError):
@@ -18,6 +30,22 @@ class BlinkError(ValueError):
     def __init__(self, message: str, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class BlinkNotFound(LookupError):
+    """No such Blink for this owner (someone else's reads the same as none at all)."""
+
+
+def memory_label(excluded: bool) -> str:
+    return EXCLUDED_LABEL if excluded else READS_LABEL
+
+
+def parse_id(raw: object) -> int | None:
+    """A positive id that could exist, from a form or query value; ``None`` otherwise."""
+    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
+        return None
+    value = int(raw)
+    return value if 1 <= value <= MAX_ID else None
 
 
 def _clean(title: str, content: str) -> tuple[str, str]:
@@ -38,3 +66,60 @@ def create_blink(session: Session, *, user_id: int, title: str, content: str) ->
     session.add(blink)
     session.flush()
     return blink
+
+
+@dataclass(frozen=True)
+class BlinkPage:
+    blinks: list[Blink]
+    page: int
+    has_next: bool
+
+    @property
+    def has_previous(self) -> bool:
+        return self.page > 1
+
+
+def list_blinks(session: Session, *, user_id: int, page: int = 1,
+                per_page: int = PAGE_SIZE) -> BlinkPage:
+    """One page of the owner's Blinks, newest first, in one query (one row more than the
+    page tells whether another page follows, without a count)."""
+    page = min(max(page, 1), MAX_PAGE)
+    rows = session.scalars(
+        select(Blink).where(Blink.user_id == user_id)
+        .order_by(Blink.created_at.desc(), Blink.id.desc())
+        .offset((page - 1) * per_page).limit(per_page + 1)
+    ).all()
+    return BlinkPage(list(rows[:per_page]), page, len(rows) > per_page)
+
+
+def get_blink(session: Session, *, user_id: int, blink_id: int | None) -> Blink:
+    if blink_id is None or not 1 <= blink_id <= MAX_ID:
+        raise BlinkNotFound
+    blink = session.scalars(
+        select(Blink).where(Blink.id == blink_id, Blink.user_id == user_id)
+    ).first()
+    if blink is None:
+        raise BlinkNotFound
+    return blink
+
+
+def update_blink(session: Session, blink: Blink, *, title: str, content: str) -> Blink:
+    title, content = _clean(title, content)
+    blink.title, blink.content = title, content
+    session.flush()
+    return blink
+
+
+def set_excluded(session: Session, blink: Blink, excluded: bool | None = None) -> Blink:
+    """Exclude the Blink from AI memory, or let the AI read it again. ``None`` flips it;
+    the page's forms send the state they ask for, so a double submit lands where the
+    person meant rather than back where it started."""
+    blink.excluded_from_memory = (not blink.excluded_from_memory) if excluded is None \
+        else excluded
+    session.flush()
+    return blink
+
+
+def delete_blink(session: Session, blink: Blink) -> None:
+    session.delete(blink)
+    session.flush()

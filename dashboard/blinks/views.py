@@ -1,14 +1,170 @@
-"""Blinks: the user's notes, each readable by the AI or excluded from its memory."""
+"""Blinks: the user's notes, each readable by the AI or excluded from its memory.
+
+Ids travel as ``?id=`` (pages) or a form field (the eye), as on the staff pages: a
+malformed or foreign id is a 404, never a database error. Every write is a service call
+that flushes; ``memory.changes`` requests the owner's build in the same transaction and
+this view commits it."""
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template
-from flask_login import login_required
+from urllib.parse import urlsplit
+
+from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
+from flask_login import current_user, login_required
+from flask_wtf import FlaskForm
+from werkzeug.exceptions import BadRequest, NotFound
+from wtforms import StringField, TextAreaField
+
+from dashboard.blinks import services
+from dashboard.blinks.services import MAX_CONTENT, MAX_TITLE, BlinkError, BlinkNotFound
+from dashboard.errors import problem
+from dashboard.extensions import db
+from dashboard.plans.sentences import state_sentence
+from dashboard.plans.services import resolve_build_sources
+from dashboard.sources import BLINKS
 
 bp = Blueprint("blinks", __name__, url_prefix="/blinks")
 
+NOT_FOUND = "There is no such Blink among yours."
+BAD_EXCLUDED = "The field excluded must be 1 (exclude from AI memory) or 0 (let the AI read it)."
 
-@bp.route("/")
+
+@bp.app_template_global("blink_memory_label")
+def blink_memory_label(excluded: bool) -> str:
+    """The eye's words, for the partial wherever it is included."""
+    return services.memory_label(bool(excluded))
+
+
+class BlinkForm(FlaskForm):
+    # The service validates (it is what Catch calls too); the form only carries values.
+    title = StringField("Title (optional)", render_kw={"maxlength": MAX_TITLE})
+    content = TextAreaField("Blink", render_kw={"rows": 4, "maxlength": MAX_CONTENT})
+
+
+def _page_number() -> int:
+    return request.args.get("page", 1, type=int)
+
+
+def _blinks_sentence():
+    """The Blinks source's state and its one sentence: one resolution per page."""
+    resolution = resolve_build_sources(current_user)
+    source = resolution.get(BLINKS)
+    return source, state_sentence(source, resolution)
+
+
+def _owned(raw_id: object):
+    try:
+        return services.get_blink(db.session, user_id=current_user.id,
+                                  blink_id=services.parse_id(raw_id))
+    except BlinkNotFound:
+        raise NotFound(NOT_FOUND) from None
+
+
+def _safe_next(target: str | None) -> str:
+    """A same-site path to return to, or the Blinks list (never an open redirect)."""
+    if target and target.startswith("/") and not target.startswith("//") \
+            and "\\" not in target:
+        parts = urlsplit(target)
+        if not parts.scheme and not parts.netloc:
+            return target
+    return url_for("blinks.index")
+
+
+def _field_error(form: BlinkForm, exc: BlinkError) -> None:
+    getattr(form, exc.field, form.content).errors.append(str(exc))
+
+
+def _render_index(form: BlinkForm, status: int = 200):
+    page = services.list_blinks(db.session, user_id=current_user.id, page=_page_number())
+    source, sentence = _blinks_sentence()
+    next_url = url_for("blinks.index", page=page.page) if page.page > 1 else None
+    return render_template("blink/index.html", form=form, page=page, source=source,
+                           sentence=sentence, next_url=next_url), status
+
+
+@bp.route("/", methods=["GET", "POST"])
 @login_required
 def index():
-    return render_template("blink/index.html")
+    """The list, newest first, with the form for a new Blink (POST creates one)."""
+    form = BlinkForm()
+    if request.method == "GET":
+        return _render_index(form)
+    if form.validate_on_submit():
+        try:
+            services.create_blink(db.session, user_id=current_user.id,
+                                  title=form.title.data or "", content=form.content.data or "")
+        except BlinkError as exc:
+            _field_error(form, exc)
+        else:
+            db.session.commit()
+            flash("Blink saved.", "success")
+            return redirect(url_for("blinks.index"))
+    return _render_index(form, 400)
+
+
+@bp.route("/edit/", methods=["GET", "POST"])
+@login_required
+def edit():
+    blink = _owned(request.args.get("id"))
+    form = BlinkForm(obj=blink)
+    if request.method == "POST":
+        if form.validate_on_submit():
+            try:
+                services.update_blink(db.session, blink, title=form.title.data or "",
+                                      content=form.content.data or "")
+            except BlinkError as exc:
+                _field_error(form, exc)
+            else:
+                db.session.commit()
+                flash("Blink updated.", "success")
+                return redirect(url_for("blinks.index"))
+        return render_template("blink/edit.html", form=form, blink=blink), 400
+    return render_template("blink/edit.html", form=form, blink=blink)
+
+
+@bp.route("/delete/", methods=["GET", "POST"])
+@login_required
+def delete():
+    """GET asks for confirmation (works without JS); POST deletes."""
+    blink = _owned(request.args.get("id"))
+    if request.method == "GET":
+        return render_template("blink/delete.html", blink=blink)
+    services.delete_blink(db.session, blink)
+    db.session.commit()
+    flash("Blink deleted.", "success")
+    return redirect(url_for("blinks.index"))
+
+
+def _parse_excluded(raw: str | None) -> bool | None:
+    if raw is None or raw == "":
+        return None  # no state asked for: flip
+    if raw in ("1", "true"):
+        return True
+    if raw in ("0", "false"):
+        return False
+    raise BadRequest(BAD_EXCLUDED)
+
+
+@bp.route("/remember/", methods=["POST"])
+@login_required
+def toggle_memory():
+    """The eye: form field ``blink_id``, optional ``excluded`` (the state asked for; absent:
+    flip) and ``format=json``. JSON answers ``{"blink_id", "excluded_from_memory",
+    "label"}``; a plain form is redirected back with a flash message."""
+    as_json = request.values.get("format") == "json"
+    try:
+        blink = _owned(request.form.get("blink_id"))
+        excluded = _parse_excluded(request.form.get("excluded"))
+    except (NotFound, BadRequest) as exc:
+        if as_json:
+            return problem(exc.code, exc.name, exc.description)
+        raise
+    services.set_excluded(db.session, blink, excluded)
+    # Read before the commit expires the row (a refresh would be one more query).
+    result = {"blink_id": blink.id, "excluded_from_memory": blink.excluded_from_memory,
+              "label": services.memory_label(blink.excluded_from_memory)}
+    db.session.commit()
+    if as_json:
+        return jsonify(result)
+    flash(f"{result['label']}: this takes effect at your next memory update.", "success")
+    return redirect(_safe_next(request.form.get("next")))

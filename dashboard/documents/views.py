@@ -1,14 +1,116 @@
-"""Uploaded documents (text and markdown)."""
+"""Uploaded documents (text and Markdown): list, upload, view, delete.
+
+Ids travel as ``?id=``: a malformed or foreign id is a 404. The upload limit is
+``DOCUMENT_MAX_BYTES`` (default 1 MiB); a request body over the app's
+``MAX_CONTENT_LENGTH`` is refused by Werkzeug before any view runs, and this blueprint
+answers that 413 with the upload page and a form error rather than a bare error page."""
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template
-from flask_login import login_required
+from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
+from flask_login import current_user, login_required
+from flask_wtf import FlaskForm
+from werkzeug.exceptions import NotFound, RequestEntityTooLarge
+from wtforms import FileField, StringField
+
+from dashboard.documents import services
+from dashboard.documents.services import MAX_TITLE, DocumentError, DocumentNotFound
+from dashboard.extensions import db, login_manager
+from dashboard.plans.sentences import state_sentence
+from dashboard.plans.services import resolve_build_sources
+from dashboard.sources import DOCUMENTS
 
 bp = Blueprint("documents", __name__, url_prefix="/documents")
 
+NOT_FOUND = "There is no such document among yours."
+ACCEPT = ".txt,.md,.markdown,text/plain,text/markdown"
 
-@bp.route("/")
+
+class UploadForm(FlaskForm):
+    # The service validates; the form only carries values.
+    file = FileField("File", render_kw={"accept": ACCEPT})
+    title = StringField("Title (optional: the file's name otherwise)",
+                        render_kw={"maxlength": MAX_TITLE})
+
+
+def max_bytes() -> int:
+    """The document limit, and never more than a request may carry."""
+    limit = int(current_app.config.get("DOCUMENT_MAX_BYTES", services.DEFAULT_MAX_BYTES))
+    request_limit = current_app.config.get("MAX_CONTENT_LENGTH")
+    return min(limit, int(request_limit)) if request_limit else limit
+
+
+def _owned(raw_id: object):
+    try:
+        return services.get_document(db.session, user_id=current_user.id,
+                                     document_id=services.parse_id(raw_id))
+    except DocumentNotFound:
+        raise NotFound(NOT_FOUND) from None
+
+
+def _render_index(form: UploadForm, status: int = 200):
+    page = services.list_documents(db.session, user_id=current_user.id,
+                                   page=request.args.get("page", 1, type=int))
+    resolution = resolve_build_sources(current_user)
+    source = resolution.get(DOCUMENTS)
+    return render_template("documents/index.html", form=form, page=page, source=source,
+                           sentence=state_sentence(source, resolution),
+                           limit=services.format_size(max_bytes())), status
+
+
+@bp.route("/", methods=["GET", "POST"])
 @login_required
 def index():
-    return render_template("documents/index.html")
+    """The documents, newest first, with the upload form (POST uploads)."""
+    form = UploadForm()
+    if request.method == "GET":
+        return _render_index(form)
+    if form.validate_on_submit():
+        upload = request.files.get("file")
+        limit = max_bytes()
+        try:
+            # One byte past the limit is enough to know it is too large.
+            data = upload.stream.read(limit + 1) if upload else b""
+            services.upload_document(db.session, user_id=current_user.id,
+                                     title=form.title.data or "",
+                                     filename=upload.filename if upload else "",
+                                     data=data, max_bytes=limit)
+        except DocumentError as exc:
+            getattr(form, exc.field, form.file).errors.append(str(exc))
+        else:
+            db.session.commit()
+            flash("Document uploaded.", "success")
+            return redirect(url_for("documents.index"))
+    return _render_index(form, 400)
+
+
+@bp.errorhandler(RequestEntityTooLarge)
+def too_large(exc: RequestEntityTooLarge):
+    """The body was over MAX_CONTENT_LENGTH: the form was never read, so nothing is
+    filled in, but the page says what happened and the form is there to try again."""
+    if not current_user.is_authenticated:
+        return login_manager.unauthorized()
+    form = UploadForm(formdata=None)  # request.form would raise the same 413 again
+    form.file.errors = [services.too_large_message(max_bytes())]
+    return _render_index(form, 413)
+
+
+@bp.route("/view/")
+@login_required
+def view():
+    document = _owned(request.args.get("id"))
+    return render_template("documents/view.html", document=document,
+                           size=services.format_size(len(document.content.encode("utf-8"))))
+
+
+@bp.route("/delete/", methods=["GET", "POST"])
+@login_required
+def delete():
+    """GET asks for confirmation (works without JS); POST deletes."""
+    document = _owned(request.args.get("id"))
+    if request.method == "GET":
+        return render_template("documents/delete.html", document=document)
+    services.delete_document(db.session, document)
+    db.session.commit()
+    flash("Document deleted.", "success")
+    return redirect(url_for("documents.index"))

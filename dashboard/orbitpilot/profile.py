@@ -1,14 +1,103 @@
-"""The profile-facts editor."""
+"""The profile-facts editor: key/value pairs such as "city" or "preferred language", which
+together make the user's profile (the ``orbitpilot.profile`` source).
+
+Ids travel as ``?id=``: a malformed or foreign id is a 404. Services flush;
+``memory.changes`` requests the owner's build in the same transaction and this view
+commits it."""
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template
-from flask_login import login_required
+from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask_login import current_user, login_required
+from flask_wtf import FlaskForm
+from werkzeug.exceptions import NotFound
+from wtforms import StringField
+
+from dashboard.extensions import db
+from dashboard.orbitpilot import profile_services as services
+from dashboard.orbitpilot.profile_services import MAX_KEY, MAX_VALUE, FactNotFound, ProfileError
+from dashboard.plans.sentences import state_sentence
+from dashboard.plans.services import resolve_build_sources
+from dashboard.sources import PROFILE
 
 bp = Blueprint("profile", __name__, url_prefix="/profile")
 
+NOT_FOUND = "There is no such fact in your profile."
 
-@bp.route("/")
+
+class FactForm(FlaskForm):
+    # The service validates; the form only carries values.
+    key = StringField("Fact", render_kw={"maxlength": MAX_KEY, "placeholder": "city"})
+    value = StringField("Value", render_kw={"maxlength": MAX_VALUE, "placeholder": "Lyon"})
+
+
+def _owned(raw_id: object):
+    try:
+        return services.get_fact(db.session, user_id=current_user.id,
+                                 fact_id=services.parse_id(raw_id))
+    except FactNotFound:
+        raise NotFound(NOT_FOUND) from None
+
+
+def _render_index(form: FactForm, status: int = 200):
+    facts = services.list_facts(db.session, user_id=current_user.id)
+    resolution = resolve_build_sources(current_user)
+    source = resolution.get(PROFILE)
+    return render_template("profile/index.html", form=form, facts=facts, source=source,
+                           sentence=state_sentence(source, resolution),
+                           max_facts=services.MAX_FACTS), status
+
+
+def _field_error(form: FactForm, exc: ProfileError) -> None:
+    getattr(form, exc.field, form.key).errors.append(str(exc))
+
+
+@bp.route("/", methods=["GET", "POST"])
 @login_required
 def index():
-    return render_template("profile/index.html")
+    """The facts, by key, with the form for a new one (POST adds it)."""
+    form = FactForm()
+    if request.method == "GET":
+        return _render_index(form)
+    if form.validate_on_submit():
+        try:
+            services.add_fact(db.session, user_id=current_user.id, key=form.key.data or "",
+                              value=form.value.data or "")
+        except ProfileError as exc:
+            _field_error(form, exc)
+        else:
+            db.session.commit()
+            flash("Fact added to your profile.", "success")
+            return redirect(url_for("profile.index"))
+    return _render_index(form, 400)
+
+
+@bp.route("/edit/", methods=["GET", "POST"])
+@login_required
+def edit():
+    fact = _owned(request.args.get("id"))
+    fact_id = fact.id
+    form = FactForm(obj=fact)
+    if request.method == "POST":
+        if form.validate_on_submit():
+            try:
+                services.update_fact(db.session, fact, key=form.key.data or "",
+                                     value=form.value.data or "")
+            except ProfileError as exc:
+                _field_error(form, exc)
+            else:
+                db.session.commit()
+                flash("Fact updated.", "success")
+                return redirect(url_for("profile.index"))
+        return render_template("profile/edit.html", form=form, fact_id=fact_id), 400
+    return render_template("profile/edit.html", form=form, fact_id=fact_id)
+
+
+@bp.route("/delete/", methods=["POST"])
+@login_required
+def delete():
+    fact = _owned(request.args.get("id"))
+    services.delete_fact(db.session, fact)
+    db.session.commit()
+    flash("Fact deleted from your profile.", "success")
+    return redirect(url_for("profile.index"))
