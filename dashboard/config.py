@@ -97,6 +97,11 @@ def build_settings() -> dict[str, Any]:
         # Each runs once per interval across all workers (a lease row in PostgreSQL).
         "BUILD_SCHEDULE_SECONDS": _env("BUILD_SCHEDULE_SECONDS", 3600, int),
         "BUILD_SWEEP_SECONDS": _env("BUILD_SWEEP_SECONDS", 30, int),
+        # The chat's responder (a dotted path to a class or factory) and how many memory
+        # chunks it is given for each reply.
+        "ORBITPILOT_RESPONDER": _env("ORBITPILOT_RESPONDER",
+                                    "dashboard.orbitpilot.responder.BuiltinResponder"),
+        "ORBITPILOT_MEMORY_K": _env("ORBITPILOT_MEMORY_K", 3, int),
         # The largest document a user may upload (text or markdown), in bytes.
         "DOCUMENT_MAX_BYTES": _env("DOCUMENT_MAX_BYTES", 1024 * 1024, int),
         # How often a worker writes the audit chain's head down as a checkpoint (0: never).

@@ -1,12 +1,348 @@
-"""Conversations: the events that request memory builds (§5)."""
+"""Chat with OrbitPilot (§4, §5): conversations, sending, the per-message "do not
+remember" flag, Catch, and the one sentence about whether chat history is remembered.
+
+Services flush; the view commits. A flag flip (or any edit of a turn) reaches the owner's
+next build through ``memory.changes``, which requests it in the same transaction; a new
+turn alone requests nothing (§5: a conversation's end or idleness does).
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import func
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from dashboard.audit.services import Actor, changes, record_event
+from dashboard.blinks.models import Blink
+from dashboard.blinks.services import MAX_TITLE as BLINK_MAX_TITLE
+from dashboard.blinks.services import BlinkError, create_blink
+from dashboard.memory.embedders import Embedder
 from dashboard.memory.requests import BuildRequest, request_build
-from dashboard.orbitpilot.models import Conversation
+from dashboard.memory.search import search_memory
+from dashboard.orbitpilot.models import Conversation, Message
+from dashboard.orbitpilot.responder import (
+    DEFAULT_MEMORY_K,
+    MemoryHit,
+    Reply,
+    ResponderContext,
+    Turn,
+)
+from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_sentence
+from dashboard.plans.services import Resolution, get_user_plan, resolve_sources
+from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, get_source
+
+MAX_MESSAGE_CHARS = 4000
+TITLE_CHARS = 60
+SIDEBAR_CONVERSATIONS = 50
+DOCK_MESSAGES = 4
+# A guest's conversation lives in the signed session cookie (about 4 KB at most): the last
+# few turns, each cut short. It is what the responder sees of a guest, nothing more.
+GUEST_MAX_TURNS = 6
+GUEST_TURN_CHARS = 300
+# PostgreSQL's integer: a bigger id names no row (and must not reach the database).
+MAX_ID = 2**31 - 1
+
+NOT_REMEMBERED_LABEL = "Not remembered"
+REMEMBERED_LABEL = "Remembered"
+REMEMBER_TOGGLE_ACTION = "message.remember_toggle"
+
+
+class ChatError(ValueError):
+    """A chat action refused, with the status and a sentence the person should read."""
+
+    status = 400
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+class ChatNotFound(ChatError):
+    # The same answer whether the row belongs to someone else or does not exist.
+    status = 404
+
+    def __init__(self, message: str = "There is no such conversation or message.") -> None:
+        super().__init__(message)
+
+
+# -- the one sentence (§4) ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChatMemory:
+    """What the notice says, and whether chat history is remembered for this person."""
+
+    text: str
+    remembered: bool
+    guest: bool
+
+    @property
+    def honesty_note(self) -> str | None:
+        """The reply's note (§4): the notice's sentence, when chat is not remembered."""
+        return None if self.remembered else self.text
+
+
+GUEST_CHAT_MEMORY = ChatMemory(GUEST_INVITATION, remembered=False, guest=True)
+
+
+def chat_memory_for(resolution: Resolution) -> ChatMemory:
+    """The notice for a resolution: the full cap logic, in the status page's words."""
+    if resolution.guest:
+        return GUEST_CHAT_MEMORY
+    source = resolution.get(CHAT_HISTORY)
+    if source.remembered:
+        return ChatMemory(CHAT_REMEMBERED, remembered=True, guest=False)
+    return ChatMemory(state_sentence(source, resolution), remembered=False, guest=False)
+
+
+def _is_guest(user: Any) -> bool:
+    return user is None or not getattr(user, "is_authenticated", False)
+
+
+def get_chat_memory(user: Any) -> ChatMemory:
+    """The notice and the honesty note for ``user``: one query the first time in a
+    request (the plan, shared with every other surface), none after."""
+    if _is_guest(user):
+        return GUEST_CHAT_MEMORY
+    return chat_memory_for(resolve_sources(get_user_plan(user)))
+
+
+def get_chat_memory_notice(user: Any) -> str:
+    """The line under the chat composer (§4): the guest invitation; CHAT_REMEMBERED when
+    chat history is included; else exactly the Memory Status page's reason."""
+    return get_chat_memory(user).text
+
+
+# -- what pages show ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShownMessage:
+    """A message as templates and JSON show it: plain data, safe across a commit."""
+
+    id: int | None
+    role: str
+    content: str
+    not_remembered: bool = False
+    conversation_id: int | None = None
+
+    @classmethod
+    def of(cls, message: Message) -> ShownMessage:
+        return cls(message.id, message.role, message.content, bool(message.not_remembered),
+                   message.conversation_id)
+
+    @property
+    def label(self) -> str:
+        return remember_label(self.not_remembered)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "role": self.role, "content": self.content,
+                "not_remembered": self.not_remembered}
+
+
+@dataclass(frozen=True)
+class ConversationSummary:
+    id: int
+    title: str
+    status: str
+
+
+def remember_label(not_remembered: bool) -> str:
+    return NOT_REMEMBERED_LABEL if not_remembered else REMEMBERED_LABEL
+
+
+def derive_title(text: str, limit: int = TITLE_CHARS) -> str:
+    """A short title from a first message: its first line, cut at a word."""
+    line = next((part for part in text.splitlines() if part.strip()), "")
+    flat = " ".join(line.split())
+    if len(flat) <= limit:
+        return flat or "New conversation"
+    cut = flat[: limit - 1]
+    if " " in cut[limit // 2:]:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:.-") + "…"
+
+
+def list_conversations(session: Session, user_id: int,
+                       limit: int = SIDEBAR_CONVERSATIONS) -> list[ConversationSummary]:
+    rows = session.execute(
+        select(Conversation.id, Conversation.title, Conversation.status)
+        .where(Conversation.user_id == user_id)
+        .order_by(Conversation.last_activity_at.desc(), Conversation.id.desc())
+        .limit(limit)
+    ).all()
+    return [ConversationSummary(*row) for row in rows]
+
+
+def valid_id(raw: Any) -> int | None:
+    """An id from a form or URL, or None when it cannot name a row."""
+    try:
+        value = int(str(raw).strip())
+    except (TypeError, ValueError):
+        return None
+    return value if 0 < value <= MAX_ID else None
+
+
+def get_conversation(session: Session, user_id: int, conversation_id: Any, *,
+                     lock: bool = False) -> Conversation:
+    """The owner's conversation, or ChatNotFound (for anyone else's too)."""
+    id_ = valid_id(conversation_id)
+    if id_ is None:
+        raise ChatNotFound()
+    query = select(Conversation).where(Conversation.id == id_,
+                                       Conversation.user_id == user_id)
+    if lock:
+        query = query.with_for_update()
+    conversation = session.scalars(query).first()
+    if conversation is None:
+        raise ChatNotFound()
+    return conversation
+
+
+def latest_open_conversation(session: Session, user_id: int) -> Conversation | None:
+    return session.scalars(
+        select(Conversation)
+        .where(Conversation.user_id == user_id, Conversation.status == "open")
+        .order_by(Conversation.last_activity_at.desc(), Conversation.id.desc())
+        .limit(1)
+    ).first()
+
+
+def conversation_messages(session: Session, conversation_id: int) -> list[ShownMessage]:
+    rows = session.scalars(
+        select(Message).where(Message.conversation_id == conversation_id)
+        .order_by(Message.position)
+    ).all()
+    return [ShownMessage.of(m) for m in rows]
+
+
+@dataclass(frozen=True)
+class DockState:
+    conversation_id: int | None
+    title: str
+    messages: list[ShownMessage]
+
+
+def dock_state(session: Session, user_id: int, limit: int = DOCK_MESSAGES) -> DockState:
+    """The latest open conversation's last few messages, in ONE query whatever the
+    number of conversations or messages (the dock is on every page)."""
+    latest = (
+        select(Conversation.id)
+        .where(Conversation.user_id == user_id, Conversation.status == "open")
+        .order_by(Conversation.last_activity_at.desc(), Conversation.id.desc())
+        .limit(1).scalar_subquery()
+    )
+    rows = session.execute(
+        select(Message.id, Message.role, Message.content, Message.not_remembered,
+               Message.conversation_id, Conversation.title)
+        .join(Conversation, Conversation.id == Message.conversation_id)
+        .where(Message.conversation_id == latest)
+        .order_by(Message.position.desc())
+        .limit(limit)
+    ).all()
+    if not rows:
+        return DockState(None, "", [])
+    messages = [ShownMessage(r.id, r.role, r.content, bool(r.not_remembered),
+                             r.conversation_id) for r in reversed(rows)]
+    return DockState(rows[0].conversation_id, rows[0].title, messages)
+
+
+# -- sending -----------------------------------------------------------------------------
+
+def clean_message(text: Any) -> str:
+    text = (text if isinstance(text, str) else "").strip()
+    if not text:
+        raise ChatError("Write a message first.")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise ChatError(f"Keep a message to {MAX_MESSAGE_CHARS:,} characters; this one has "
+                        f"{len(text):,}.")
+    return text
+
+
+def memory_hits(session: Session, user_id: int, query: str, *, embedder: Embedder,
+                k: int = DEFAULT_MEMORY_K) -> tuple[MemoryHit, ...]:
+    hits = search_memory(session, user_id, query, k, embedder=embedder)
+    return tuple(
+        MemoryHit(h.source_key, get_source(h.source_key).label if h.source_key in SOURCE_KEYS
+                  else h.source_key, h.source_id, h.content, float(h.distance))
+        for h in hits
+    )
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A question and its reply, as shown (plain data)."""
+
+    conversation_id: int | None
+    conversation_title: str
+    question: ShownMessage
+    reply: ShownMessage
+    drew_on: dict[str, Any]
+    new_conversation: bool = False
+
+
+def send_message(
+    session: Session,
+    *,
+    user_id: int,
+    text: Any,
+    conversation_id: Any = None,
+    responder: Any,
+    embedder: Embedder | None = None,
+    memory_k: int = DEFAULT_MEMORY_K,
+) -> Exchange:
+    """Store the user's turn, ask the responder, store its reply.
+
+    The responder sees every turn of this conversation, the ones marked "Not remembered"
+    included (§5 rule 1), and the top ``memory_k`` memory chunks of this user."""
+    text = clean_message(text)
+    new = conversation_id in (None, "")
+    if not new:
+        # Locked: two sends at once must not take the same position.
+        conversation = get_conversation(session, user_id, conversation_id, lock=True)
+        if conversation.status != "open":
+            raise ChatError("This conversation has ended, so it takes no new messages. "
+                            "Start a new conversation to keep chatting.", status=409)
+    # A savepoint: a responder that fails leaves no question without its answer.
+    with session.begin_nested():
+        if new:
+            conversation = Conversation(user_id=user_id, title=derive_title(text))
+            session.add(conversation)
+            session.flush()
+            earlier: list[Message] = []
+        else:
+            earlier = list(session.scalars(
+                select(Message).where(Message.conversation_id == conversation.id)
+                .order_by(Message.position)
+            ))
+        position = earlier[-1].position + 1 if earlier else 0
+        question = Message(conversation_id=conversation.id, user_id=user_id, role="user",
+                           position=position, content=text)
+        session.add(question)
+        session.flush()
+
+        turns = tuple(Turn(m.role, m.content, m.id, bool(m.not_remembered))
+                      for m in [*earlier, question])
+        hits = memory_hits(session, user_id, text, embedder=embedder, k=memory_k) \
+            if embedder is not None and memory_k > 0 else ()
+        reply = _respond(responder, ResponderContext(turns, hits, guest=False))
+
+        answer = Message(conversation_id=conversation.id, user_id=user_id, role="assistant",
+                         position=position + 1, content=reply.text, reply_to_id=question.id)
+        session.add(answer)
+        conversation.last_activity_at = func.now()
+        session.flush()
+    return Exchange(conversation.id, conversation.title, ShownMessage.of(question),
+                    ShownMessage.of(answer), dict(reply.drew_on), new_conversation=new)
+
+
+def _respond(responder: Any, context: ResponderContext) -> Reply:
+    reply = responder(context)
+    text = (reply.text or "").strip() if isinstance(reply, Reply) else ""
+    if not text:
+        raise ChatError("OrbitPilot could not answer that. Try again.", status=502)
+    return reply
 
 
 def end_conversation(session: Session, conversation: Conversation) -> BuildRequest:
@@ -15,3 +351,107 @@ def end_conversation(session: Session, conversation: Conversation) -> BuildReque
     conversation.ended_at = func.now()
     session.flush()
     return request_build(session, conversation.user_id, trigger="conversation_end")
+
+
+def end_user_conversation(session: Session, *, user_id: int,
+                          conversation_id: Any) -> BuildRequest | None:
+    """End the owner's conversation; None if it had ended already (nothing to do)."""
+    conversation = get_conversation(session, user_id, conversation_id, lock=True)
+    if conversation.status != "open":
+        return None
+    return end_conversation(session, conversation)
+
+
+# -- guests: the session cookie, never the database --------------------------------------
+
+def guest_turns(stored: Any) -> list[ShownMessage]:
+    """A guest's conversation from the session (tolerant of anything tampered: the
+    cookie is signed, but its shape is ours to check)."""
+    turns: list[ShownMessage] = []
+    for item in stored if isinstance(stored, list) else []:
+        if (isinstance(item, list | tuple) and len(item) == 2
+                and item[0] in ("user", "assistant") and isinstance(item[1], str)):
+            turns.append(ShownMessage(None, item[0], item[1][:GUEST_TURN_CHARS]))
+    return turns[-GUEST_MAX_TURNS:]
+
+
+def guest_send(stored: Any, text: Any, *, responder: Any) -> tuple[Exchange, list[list[str]]]:
+    """Answer a guest from the session's turns only (no memory); return the exchange and
+    what the session keeps: the last GUEST_MAX_TURNS turns, each cut short."""
+    text = clean_message(text)
+    earlier = guest_turns(stored)
+    turns = tuple(Turn(m.role, m.content) for m in earlier) + (Turn("user", text),)
+    reply = _respond(responder, ResponderContext(turns, (), guest=True))
+    kept = [[m.role, m.content] for m in earlier]
+    kept += [["user", text[:GUEST_TURN_CHARS]], ["assistant", reply.text[:GUEST_TURN_CHARS]]]
+    exchange = Exchange(None, "", ShownMessage(None, "user", text),
+                        ShownMessage(None, "assistant", reply.text), dict(reply.drew_on))
+    return exchange, kept[-GUEST_MAX_TURNS:]
+
+
+# -- the "do not remember" flag (§5) -----------------------------------------------------
+
+def _owned_message(session: Session, user_id: int, message_id: Any) -> Message:
+    id_ = valid_id(message_id)
+    if id_ is None:
+        raise ChatNotFound("There is no such message.")
+    # Locked: two taps at once flip twice, in order, each with its own audit event.
+    message = session.scalars(
+        select(Message).where(Message.id == id_, Message.user_id == user_id)
+        .with_for_update()
+    ).first()
+    if message is None:
+        raise ChatNotFound("There is no such message.")
+    return message
+
+
+@dataclass(frozen=True)
+class ToggleResult:
+    message_id: int
+    conversation_id: int
+    not_remembered: bool
+
+    @property
+    def label(self) -> str:
+        return remember_label(self.not_remembered)
+
+
+def toggle_remember(session: Session, *, user: Any, message_id: Any) -> ToggleResult:
+    """Flip one of the owner's own messages between remembered and not. Writes the flag
+    and one audit event (ids and the flag's before/after, never the text); the build it
+    changes is requested by ``memory.changes`` and takes effect then, not now."""
+    message = _owned_message(session, user.id, message_id)
+    if message.role != "user":
+        raise ChatError("Only your own messages can be marked. OrbitPilot's replies follow "
+                        "the message they answer.")
+    before = bool(message.not_remembered)
+    message.not_remembered = not before
+    session.flush()
+    record_event(session, action=REMEMBER_TOGGLE_ACTION, actor=Actor.of(user),
+                 owner_id=user.id, target_type="message", target_id=message.id,
+                 details=changes({"not_remembered": before},
+                                 {"not_remembered": not before}))
+    return ToggleResult(message.id, message.conversation_id, not before)
+
+
+# -- Catch: a reply saved as a Blink -----------------------------------------------------
+
+@dataclass(frozen=True)
+class CatchResult:
+    message_id: int
+    conversation_id: int
+    blink_id: int
+    title: str
+
+
+def catch_reply(session: Session, *, user_id: int, message_id: Any) -> CatchResult:
+    message = _owned_message(session, user_id, message_id)
+    if message.role != "assistant":
+        raise ChatError("Only OrbitPilot's replies can be caught as a Blink.")
+    try:
+        blink: Blink = create_blink(session, user_id=user_id,
+                                    title=derive_title(message.content, BLINK_MAX_TITLE // 2),
+                                    content=message.content)
+    except BlinkError as exc:
+        raise ChatError(str(exc)) from None
+    return CatchResult(message.id, message.conversation_id, blink.id, blink.title)

@@ -1,12 +1,311 @@
-"""Chat with OrbitPilot (§5)."""
+"""Chat with OrbitPilot (§4, §5): the full-screen chat, the dock on every page, sending,
+ending a conversation, the per-message eye toggle and Catch.
+
+Views parse the request, call a service, commit, then answer: JSON for ``format=json``
+(or a client that asks for JSON), else a redirect with a flash message. Guests chat from
+the session cookie only; nothing of theirs reaches the database.
+"""
 
 from __future__ import annotations
 
-from flask import Blueprint, render_template
+from typing import Any
+
+from flask import (
+    Blueprint,
+    abort,
+    current_app,
+    flash,
+    get_template_attribute,
+    jsonify,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
+from flask_login import current_user, login_required
+from sqlalchemy import inspect as sa_inspect
+
+from dashboard.errors import problem, wants_json
+from dashboard.extensions import db, login_manager
+from dashboard.memory.embedders import get_embedder
+from dashboard.orbitpilot import services
+from dashboard.orbitpilot.responder import DEFAULT_MEMORY_K, DEFAULT_RESPONDER, load_responder
+from dashboard.orbitpilot.services import ChatError, ChatMemory, Exchange
 
 bp = Blueprint("orbitpilot", __name__, url_prefix="/orbitpilot")
+
+# Settings read here, with their defaults (so they need no entry in dashboard/config.py):
+#   ORBITPILOT_RESPONDER  dotted path of the responder (default: the built-in, offline one)
+#   ORBITPILOT_MEMORY_K   memory chunks a reply may draw on (default 3; 0: none)
+GUEST_SESSION_KEY = "orbitpilot.guest_chat"
+GUEST_REFUSED = "Sign in to choose what OrbitPilot remembers and to save replies as Blinks."
+
+
+def _responder():
+    return load_responder(current_app.config.get("ORBITPILOT_RESPONDER", DEFAULT_RESPONDER))
+
+
+def _memory_k() -> int:
+    try:
+        return max(0, min(int(current_app.config.get("ORBITPILOT_MEMORY_K",
+                                                     DEFAULT_MEMORY_K)), 10))
+    except (TypeError, ValueError):
+        return DEFAULT_MEMORY_K
+
+
+def _json_requested() -> bool:
+    return request.values.get("format") == "json" or wants_json()
+
+
+def _problem(status: int, detail: str):
+    titles = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 409: "Conflict",
+              502: "Bad Gateway"}
+    return problem(status, titles.get(status, "Error"), detail)
+
+
+def _refuse(error: ChatError):
+    """A refused action (services refuse before they write): JSON for JSON clients, else
+    the error page (never a 500)."""
+    if _json_requested():
+        return _problem(error.status, str(error))
+    abort(error.status, str(error))
+
+
+def _conversation_url(conversation_id: int | None, anchor: int | None = None) -> str:
+    if conversation_id is None:
+        return url_for("orbitpilot.chat")
+    url = url_for("orbitpilot.conversation", conversation_id=conversation_id)
+    return f"{url}#m{anchor}" if anchor else url
+
+
+def _chat_memory() -> ChatMemory:
+    return services.get_chat_memory(current_user)
+
+
+@bp.record_once
+def _register_labels(state: Any) -> None:
+    # Globals, not context: the message macro is also rendered on its own (the JSON's html).
+    state.app.jinja_env.globals.update(
+        ORBITPILOT_NOT_REMEMBERED=services.NOT_REMEMBERED_LABEL,
+        ORBITPILOT_REMEMBERED=services.REMEMBERED_LABEL,
+    )
+
+
+@bp.app_context_processor
+def chat_template_helpers() -> dict[str, Any]:
+    """The dock and the notice, as functions: a page pays for them only if it renders
+    the dock (the notice: at most one query, none once the request read the plan)."""
+    return {"orbitpilot_dock": _dock, "orbitpilot_chat_memory": _chat_memory,
+            "ORBITPILOT_MAX_CHARS": services.MAX_MESSAGE_CHARS}
+
+
+def _current_user_id() -> int:
+    # From the identity map key: after a commit the row is expired, and ``current_user.id``
+    # would cost the dock a refresh query.
+    state = sa_inspect(current_user._get_current_object(), raiseerr=False)
+    if state is not None and state.identity:
+        return state.identity[0]
+    return current_user.id
+
+
+def _dock() -> dict[str, Any] | None:
+    if not current_user.is_authenticated:
+        return None
+    return {"state": services.dock_state(db.session, _current_user_id()),
+            "memory": _chat_memory()}
+
+
+# -- the full-screen chat ------------------------------------------------------------------
+
+def _render_chat(*, conversation=None, messages=(), draft: str = "", error: str = "",
+                 status: int = 200):
+    memory = _chat_memory()
+    guest = not current_user.is_authenticated
+    conversations = [] if guest else services.list_conversations(db.session, current_user.id)
+    return render_template(
+        "orbitpilot/chat.html", guest=guest, conversation=conversation,
+        conversations=conversations, messages=list(messages), memory=memory,
+        draft=draft, error=error, max_chars=services.MAX_MESSAGE_CHARS,
+    ), status
 
 
 @bp.route("/")
 def chat():
-    return render_template("orbitpilot/chat.html")
+    """Signed in: the latest open conversation (or a new one). Guest: the session's."""
+    if not current_user.is_authenticated:
+        return _render_chat(messages=services.guest_turns(session.get(GUEST_SESSION_KEY)))
+    session.pop(GUEST_SESSION_KEY, None)
+    conversation = services.latest_open_conversation(db.session, current_user.id)
+    if conversation is None:
+        return _render_chat()
+    return _render_chat(conversation=conversation,
+                        messages=services.conversation_messages(db.session, conversation.id))
+
+
+@bp.route("/new")
+@login_required
+def new_conversation():
+    return _render_chat()
+
+
+@bp.route("/c/<conversation_id>")
+@login_required
+def conversation(conversation_id: str):
+    try:
+        found = services.get_conversation(db.session, current_user.id, conversation_id)
+    except ChatError as exc:
+        return _refuse(exc)
+    return _render_chat(conversation=found,
+                        messages=services.conversation_messages(db.session, found.id))
+
+
+@bp.route("/c/<conversation_id>/end", methods=["POST"])
+@bp.route("/end", methods=["POST"])  # the same, naming the conversation in the form
+@login_required
+def end(conversation_id: str | None = None):
+    if conversation_id is None:
+        conversation_id = request.form.get("conversation_id", "")
+    try:
+        build = services.end_user_conversation(db.session, user_id=current_user.id,
+                                               conversation_id=conversation_id)
+    except ChatError as exc:
+        return _refuse(exc)
+    db.session.commit()
+    id_ = services.valid_id(conversation_id)
+    if _json_requested():
+        return jsonify(conversation_id=id_, status="ended",
+                       build_requested=build is not None)
+    flash("Conversation ended. OrbitPilot will update your memory in a moment."
+          if build is not None else "That conversation had already ended.", "success")
+    return redirect(_conversation_url(id_), 303)
+
+
+@bp.route("/guest/clear", methods=["POST"])
+def clear_guest():
+    """A guest's "start over": the session forgets the conversation."""
+    session.pop(GUEST_SESSION_KEY, None)
+    return redirect(url_for("orbitpilot.chat"), 303)
+
+
+# -- sending -------------------------------------------------------------------------------
+
+def _exchange_json(exchange: Exchange, memory: ChatMemory, *, guest: bool) -> dict[str, Any]:
+    note = memory.honesty_note
+    bubble = get_template_attribute("orbitpilot/_macros.html", "message")
+    html = "".join(str(bubble(m, note=note, guest=guest))
+                   for m in (exchange.question, exchange.reply))
+    reply = {**exchange.reply.to_dict(), "honesty_note": note}
+    return {
+        "conversation_id": exchange.conversation_id,
+        "conversation_url": _conversation_url(exchange.conversation_id),
+        "conversation_title": exchange.conversation_title,
+        "new_conversation": exchange.new_conversation,
+        "message": exchange.question.to_dict(),
+        "reply": reply,
+        "honesty_note": note,
+        "drew_on": exchange.drew_on,
+        "message_ids": [exchange.question.id, exchange.reply.id],
+        "html": html,
+    }
+
+
+@bp.route("/send", methods=["POST"])
+def send():
+    text = request.form.get("message", "")
+    if not current_user.is_authenticated:
+        return _guest_send(text)
+    conversation_id = request.form.get("conversation_id") or None
+    embedder = get_embedder(current_app.config["EMBEDDER"]) if _memory_k() else None
+    try:
+        exchange = services.send_message(
+            db.session, user_id=current_user.id, text=text, conversation_id=conversation_id,
+            responder=_responder(), embedder=embedder, memory_k=_memory_k())
+    except ChatError as exc:
+        return _send_refused(exc, text, conversation_id)
+    memory = _chat_memory()
+    payload = _exchange_json(exchange, memory, guest=False) if _json_requested() else None
+    db.session.commit()
+    if payload is not None:
+        return jsonify(payload), 201
+    return redirect(_conversation_url(exchange.conversation_id, exchange.reply.id), 303)
+
+
+def _send_refused(error: ChatError, draft: str, conversation_id: Any):
+    """JSON: the problem. A form: the chat again, with the error and the draft kept."""
+    if _json_requested():
+        return _problem(error.status, str(error))
+    if error.status == 404:
+        abort(404, str(error))
+    found, messages = None, []
+    if conversation_id is not None and current_user.is_authenticated:
+        try:
+            found = services.get_conversation(db.session, current_user.id, conversation_id)
+            messages = services.conversation_messages(db.session, found.id)
+        except ChatError:
+            found = None
+    return _render_chat(conversation=found, messages=messages, draft=draft[:20_000],
+                        error=str(error), status=error.status)
+
+
+def _guest_send(text: str):
+    try:
+        exchange, kept = services.guest_send(session.get(GUEST_SESSION_KEY), text,
+                                             responder=_responder())
+    except ChatError as exc:
+        if _json_requested():
+            return _problem(exc.status, str(exc))
+        return _render_chat(messages=services.guest_turns(session.get(GUEST_SESSION_KEY)),
+                            draft=text[:20_000], error=str(exc), status=exc.status)
+    session[GUEST_SESSION_KEY] = kept
+    if _json_requested():
+        return jsonify(_exchange_json(exchange, services.GUEST_CHAT_MEMORY, guest=True)), 201
+    return redirect(url_for("orbitpilot.chat"), 303)
+
+
+# -- actions on one message: the eye toggle (§5) and Catch ---------------------------------
+
+def _guest_refused():
+    """Guests have no stored messages: 401 for JSON, the sign-in page for a form."""
+    if _json_requested():
+        return _problem(401, GUEST_REFUSED)
+    return login_manager.unauthorized()
+
+
+@bp.route("/message/remember/", methods=["POST"])
+def orbitpilot_toggle_remember():
+    """Flip "do not remember" on one of the user's own messages (§5)."""
+    if not current_user.is_authenticated:
+        return _guest_refused()
+    try:
+        result = services.toggle_remember(db.session, user=current_user,
+                                          message_id=request.form.get("message_id"))
+    except ChatError as exc:
+        return _refuse(exc)
+    db.session.commit()
+    if _json_requested():
+        return jsonify(message_id=result.message_id, not_remembered=result.not_remembered,
+                       label=result.label)
+    flash("OrbitPilot will not remember this message from your next memory update. It "
+          "still follows this conversation." if result.not_remembered else
+          "OrbitPilot will remember this message again from your next memory update.",
+          "success")
+    return redirect(_conversation_url(result.conversation_id, result.message_id), 303)
+
+
+@bp.route("/message/catch/", methods=["POST"])
+def orbitpilot_catch():
+    """Catch: save one of OrbitPilot's replies as a Blink."""
+    if not current_user.is_authenticated:
+        return _guest_refused()
+    try:
+        result = services.catch_reply(db.session, user_id=current_user.id,
+                                      message_id=request.form.get("message_id"))
+    except ChatError as exc:
+        return _refuse(exc)
+    db.session.commit()
+    if _json_requested():
+        return jsonify(message_id=result.message_id, blink_id=result.blink_id,
+                       title=result.title, label="Saved as a Blink"), 201
+    flash("Caught: the reply is saved as a Blink.", "success")
+    return redirect(_conversation_url(result.conversation_id, result.message_id), 303)

@@ -1,0 +1,228 @@
+/* OrbitPilot chat: sending, the eye toggle and Catch without a reload, for the
+   full-screen chat and the dock. Every form also works without this script (a plain
+   POST, then a redirect); here each is sent with fetch() as JSON instead, with the CSRF
+   token in the X-CSRFToken header. Server text is inserted as text, except the message
+   HTML the server rendered (and escaped) itself. */
+(function () {
+  "use strict";
+
+  var DOCK_KEY = "orbitpilot.dock.open";
+  var DOCK_KEEP = 8;
+
+  function csrfToken(form) {
+    var input = form.querySelector('input[name="csrf_token"]');
+    return input ? input.value : "";
+  }
+
+  function postJson(form) {
+    var data = new FormData(form);
+    data.set("format", "json");
+    return fetch(form.action, {
+      method: "POST",
+      body: data,
+      credentials: "same-origin",
+      headers: { "Accept": "application/json", "X-CSRFToken": csrfToken(form) }
+    }).then(function (response) {
+      return response.json().catch(function () { return {}; }).then(function (body) {
+        if (!response.ok) {
+          throw new Error(body.detail || "Something went wrong. Try again.");
+        }
+        return body;
+      });
+    });
+  }
+
+  function rootOf(element) {
+    return element.closest("[data-op-chat-root]") || document;
+  }
+
+  function scrollDown(thread) {
+    if (thread) { thread.scrollTop = thread.scrollHeight; }
+  }
+
+  function setError(form, text) {
+    var box = form.querySelector("[data-op-error]");
+    if (box) { box.textContent = text || ""; }
+  }
+
+  function actionError(form, text) {
+    var message = form.closest(".op-msg");
+    var box = message && message.querySelector("[data-op-action-error]");
+    if (box) { box.textContent = text; box.classList.remove("d-none"); }
+  }
+
+  /* -- the eye toggle (§5) ------------------------------------------------------------ */
+  function showRemembered(message, notRemembered, label) {
+    var button = message.querySelector("[data-op-action=remember] button");
+    var icon = button && button.querySelector("i");
+    if (icon) {
+      icon.classList.toggle("bi-eye", !notRemembered);
+      icon.classList.toggle("bi-eye-slash", notRemembered);
+    }
+    if (button) {
+      var words = notRemembered ? button.getAttribute("data-label-flagged")
+                                : button.getAttribute("data-label-remembered");
+      button.setAttribute("aria-label", words);
+      button.setAttribute("title", words);
+    }
+    var flag = message.querySelector("[data-op-flag]");
+    if (flag) {
+      if (notRemembered) { flag.textContent = label; }
+      flag.classList.toggle("d-none", !notRemembered);
+    }
+    message.classList.toggle("op-flagged", notRemembered);
+    message.setAttribute("data-not-remembered", notRemembered ? "true" : "false");
+  }
+
+  function onRemember(form) {
+    var button = form.querySelector("button");
+    button.disabled = true;
+    postJson(form).then(function (body) {
+      showRemembered(form.closest(".op-msg"), body.not_remembered === true, body.label);
+    }).catch(function (error) {
+      actionError(form, error.message);
+    }).then(function () { button.disabled = false; });
+  }
+
+  /* -- Catch: a reply saved as a Blink -------------------------------------------------- */
+  function onCatch(form) {
+    var button = form.querySelector("button");
+    button.disabled = true;
+    postJson(form).then(function (body) {
+      var icon = button.querySelector("i");
+      if (icon) {
+        icon.classList.remove("bi-bookmark-star");
+        icon.classList.add("bi-bookmark-check-fill");
+      }
+      button.setAttribute("aria-label", body.label);
+      button.setAttribute("title", body.label);
+      var done = form.closest(".op-msg").querySelector("[data-op-caught]");
+      if (done) { done.textContent = body.label; done.classList.remove("d-none"); }
+    }).catch(function (error) {
+      button.disabled = false;
+      actionError(form, error.message);
+    });
+  }
+
+  /* -- sending -------------------------------------------------------------------------- */
+  function addConversationLink(root, body) {
+    var list = root.querySelector("[data-op-conversations]");
+    if (!list || !body.new_conversation) { return; }
+    var link = document.createElement("a");
+    link.className = "list-group-item list-group-item-action active";
+    link.href = body.conversation_url;
+    link.setAttribute("aria-current", "page");
+    var title = document.createElement("span");
+    title.className = "op-conv-title";
+    title.textContent = body.conversation_title || "New conversation";
+    link.appendChild(title);
+    list.insertBefore(link, list.firstChild);
+  }
+
+  function onSend(form) {
+    var textarea = form.querySelector("textarea");
+    var button = form.querySelector("button[type=submit]");
+    if (!textarea.value.trim()) {
+      setError(form, "Write a message first.");
+      textarea.focus();
+      return;
+    }
+    button.disabled = true;
+    setError(form, "");
+    postJson(form).then(function (body) {
+      var root = rootOf(form);
+      var thread = root.querySelector("[data-op-thread]");
+      var empty = thread.querySelector("[data-op-empty]");
+      if (empty) { empty.parentNode.removeChild(empty); }
+      thread.insertAdjacentHTML("beforeend", body.html);
+      if (root.hasAttribute("data-op-dock")) {
+        var shown = thread.querySelectorAll(".op-msg");
+        for (var i = 0; i < shown.length - DOCK_KEEP; i++) { thread.removeChild(shown[i]); }
+      }
+      textarea.value = "";
+      updateCount(textarea);
+      var conversation = form.querySelector("[data-op-conversation]");
+      if (conversation && body.conversation_id) { conversation.value = body.conversation_id; }
+      var open = root.querySelector("[data-op-open-chat]");
+      if (open && body.conversation_url) { open.setAttribute("href", body.conversation_url); }
+      if (root.hasAttribute("data-op-page") && body.new_conversation && body.conversation_url &&
+          window.history && window.history.replaceState) {
+        window.history.replaceState(null, "", body.conversation_url);
+        addConversationLink(root, body);
+      }
+      scrollDown(thread);
+    }).catch(function (error) {
+      setError(form, error.message);
+    }).then(function () {
+      button.disabled = false;
+      textarea.focus();
+    });
+  }
+
+  function updateCount(textarea) {
+    var counter = textarea.form && textarea.form.querySelector("[data-op-count]");
+    var max = parseInt(textarea.getAttribute("data-max-chars"), 10);
+    if (!counter || !max) { return; }
+    var length = textarea.value.length;
+    counter.textContent = length > max * 0.9 ? length + " / " + max : "";
+    counter.classList.toggle("op-over", length > max);
+  }
+
+  /* -- wiring --------------------------------------------------------------------------- */
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!window.fetch || !window.FormData || !form.matches) { return; }
+    if (form.matches("[data-op-composer]")) {
+      event.preventDefault();
+      onSend(form);
+    } else if (form.matches("[data-op-action=remember]")) {
+      event.preventDefault();
+      onRemember(form);
+    } else if (form.matches("[data-op-action=catch]")) {
+      event.preventDefault();
+      onCatch(form);
+    }
+  });
+
+  document.addEventListener("keydown", function (event) {
+    var target = event.target;
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing ||
+        !target.matches || !target.matches("[data-op-composer] textarea")) { return; }
+    event.preventDefault();
+    var form = target.form;
+    if (form.requestSubmit) { form.requestSubmit(); } else { onSend(form); }
+  });
+
+  document.addEventListener("input", function (event) {
+    if (event.target.matches && event.target.matches("[data-op-composer] textarea")) {
+      updateCount(event.target);
+    }
+  });
+
+  function remember(key, value) {
+    try { window.localStorage.setItem(key, value); } catch (e) { /* private mode */ }
+  }
+
+  function recall(key) {
+    try { return window.localStorage.getItem(key); } catch (e) { return null; }
+  }
+
+  function start() {
+    var threads = document.querySelectorAll("[data-op-thread]");
+    for (var i = 0; i < threads.length; i++) { scrollDown(threads[i]); }
+    var dock = document.querySelector("details[data-op-dock]");
+    if (dock) {
+      if (recall(DOCK_KEY) === "1") { dock.open = true; }
+      dock.addEventListener("toggle", function () {
+        remember(DOCK_KEY, dock.open ? "1" : "0");
+        if (dock.open) { scrollDown(dock.querySelector("[data-op-thread]")); }
+      });
+    }
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+}());

@@ -1,0 +1,112 @@
+"""The chat's script in a real browser (headless Chromium) under the real CSP: the eye
+toggles without a reload, sending and Catch work by fetch, the dock sends from any page.
+Uses the browser fixtures of tests/browser, imported by this folder's conftest (they skip
+without Chromium, which fails in CI)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from sqlalchemy import select
+
+from dashboard.blinks.models import Blink
+from dashboard.orbitpilot.models import Message
+from tests.factories import make_conversation
+
+pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+
+SHOTS = os.environ.get("ORBITPILOT_SCREENSHOTS")  # a folder, to look at the pages
+
+
+@pytest.fixture
+def chatter(committed):
+    plan = committed.plan(cap=4)
+    user = committed.user(plan=plan)
+    conversation, messages = make_conversation(
+        committed.session, user, [("Plan a day in Lisbon", "Trams, then pastéis."),
+                                  ("<script>alert(1)</script>", "That is code.")],
+        title="Lisbon")
+    committed.session.commit()
+    return user, conversation, messages
+
+
+def shot(page, name: str) -> None:
+    if SHOTS:
+        page.driver.save_screenshot(os.path.join(SHOTS, name))
+
+
+def message_flag(committed, message_id: int) -> bool:
+    committed.session.expire_all()
+    return committed.session.scalars(
+        select(Message.not_remembered).where(Message.id == message_id)).one()
+
+
+def test_the_eye_send_and_catch_work_without_a_reload(page, chatter, committed):
+    user, conversation, messages = chatter
+    page.sign_in(user.email)
+    page.open(f"/orbitpilot/c/{conversation.id}")
+    assert "<script>alert(1)</script>" in page.text  # shown as text
+    page.driver.execute_script("window.opMarker = 'same page';")
+    question = messages[0]
+
+    page.click(f'[data-message-id="{question.id}"] [data-op-action=remember] button')
+    page.wait().until(lambda d: d.find_element(
+        By.CSS_SELECTOR, f'[data-message-id="{question.id}"] [data-op-flag]').is_displayed())
+    icon = page.find(f'[data-message-id="{question.id}"] [data-op-action=remember] i')
+    assert "bi-eye-slash" in icon.get_attribute("class").split()
+    flag = page.find(f'[data-message-id="{question.id}"] [data-op-flag]')
+    assert flag.text == "Not remembered"
+    assert message_flag(committed, question.id) is True
+    shot(page, "chat-flagged.png")
+
+    page.click(f'[data-message-id="{question.id}"] [data-op-action=remember] button')
+    page.wait().until(lambda d: not d.find_element(
+        By.CSS_SELECTOR, f'[data-message-id="{question.id}"] [data-op-flag]').is_displayed())
+    assert message_flag(committed, question.id) is False
+
+    box = page.find("[data-op-composer] textarea")
+    box.send_keys("What about Porto?")
+    box.send_keys(Keys.ENTER)
+    page.wait().until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".op-msg")) == 6)
+    assert "What about Porto?" in page.text
+
+    reply = page.driver.find_elements(By.CSS_SELECTOR, ".op-msg-assistant")[-1]
+    reply.find_element(By.CSS_SELECTOR, "[data-op-action=catch] button").click()
+    page.wait().until(lambda d: "Saved as a Blink" in page.text)
+    committed.session.expire_all()
+    assert committed.session.scalars(select(Blink).where(Blink.user_id == user.id)).one()
+
+    assert page.driver.execute_script("return window.opMarker") == "same page"
+    shot(page, "chat.png")
+    page.assert_no_violations()
+
+
+def test_the_dock_sends_from_any_page(page, chatter):
+    user, conversation, _ = chatter
+    page.sign_in(user.email)
+    page.open("/")
+    page.driver.execute_script("window.opMarker = 'same page';")
+    page.click("details[data-op-dock] > summary")
+    box = page.find("details[data-op-dock] textarea")
+    box.send_keys("Hello from the dock")
+    page.click("details[data-op-dock] [data-op-composer] button[type=submit]")
+    page.wait().until(lambda d: "Hello from the dock" in d.find_element(
+        By.CSS_SELECTOR, "details[data-op-dock] [data-op-thread]").text)
+    assert page.driver.execute_script("return window.opMarker") == "same page"
+    shot(page, "dock.png")
+    page.assert_no_violations()
+
+
+def test_a_guest_chats_in_the_browser(page):
+    page.driver.delete_all_cookies()
+    page.open("/orbitpilot/")
+    box = page.find("[data-op-composer] textarea")
+    box.send_keys("Hello as a guest")
+    box.send_keys(Keys.ENTER)
+    page.wait().until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".op-msg")) == 2)
+    assert page.driver.find_elements(By.CSS_SELECTOR, "[data-op-action]") == []
+    shot(page, "chat-guest.png")
+    page.assert_no_violations()
