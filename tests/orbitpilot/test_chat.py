@@ -398,7 +398,7 @@ def chat_state_case(db_session, monkeypatch, state: SourceState):
 @pytest.mark.parametrize("state", [SourceState.INCLUDED, SourceState.EVICTED_BY_CAP,
                                    SourceState.NOT_ASSIGNED_BY_ADMIN,
                                    SourceState.NOT_ASSIGNED_BY_DEFAULT])
-def test_the_honesty_note_equals_the_notice_in_every_state(client, auth, db_session,
+def test_one_truth_the_notice_the_honesty_note_and_memory_status_in_every_state(client, auth, db_session,
                                                            monkeypatch, state):
     user = chat_state_case(db_session, monkeypatch, state)
     resolution = resolve_sources(get_plan_for_user(user, db_session))
@@ -417,6 +417,14 @@ def test_the_honesty_note_equals_the_notice_in_every_state(client, auth, db_sess
     dock_page = parse(client.get(DOCK_PAGE).get_data(as_text=True))
     assert notice_text(chat_page) == expected
     assert notice_text(dock_page.find(data_op_dock=True)) == expected
+    # The third surface: the Memory Status page's reason for chat history is the same
+    # sentence, word for word (and the notice in its dock too).
+    status_page = parse(client.get("/memory/status").get_data(as_text=True))
+    chat_row = status_page.find("tr", data_source=CHAT_HISTORY)
+    assert chat_row.find(cls="sentence").text == state_sentence(source, resolution)
+    if state is not SourceState.INCLUDED:
+        assert chat_row.find(cls="sentence").text == expected
+    assert notice_text(status_page.find(data_op_dock=True)) == expected
     rendered_notes = [n.text for n in chat_page.find_all(data_op_honesty_text=True)]
     dock_notes = [n.text for n in dock_page.find_all(data_op_honesty_text=True)]
     if state is SourceState.INCLUDED:
