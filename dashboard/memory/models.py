@@ -124,13 +124,16 @@ class MemoryBuild(db.Model):
 class MemoryState(db.Model):
     """What a user's stored chunks reflect: written by every build in the transaction
     that swaps the chunks (so the two never disagree). The dry run of the next build
-    starts from it and re-reads only what changed since ``inputs_read_at``."""
+    starts from it and re-reads only what the build could not have seen."""
 
     __tablename__ = "memory_states"
 
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"),
                                          primary_key=True)
     inputs_read_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # The snapshot the build read its inputs in (``pg_snapshot`` as text): what a
+    # transaction it does not see wrote may be missing from the chunks.
+    snapshot: Mapped[str] = mapped_column(Text)
     included_keys: Mapped[list[str]] = mapped_column(ARRAY(String(64)))
     embedding_model: Mapped[str] = mapped_column(String(64))
     build_id: Mapped[int | None] = mapped_column(BigInteger)

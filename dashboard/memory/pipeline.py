@@ -14,10 +14,10 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, delete, exists, func, select
+from sqlalchemy import Integer, Text, delete, exists, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -44,6 +44,7 @@ class BuildResult:
     embedded: int = 0
     reused: int = 0
     inputs_read_at: datetime | None = None
+    snapshot: str | None = None
     resolution: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -52,8 +53,8 @@ class BuildResult:
 def fresh_chunks(records: list[Record]) -> dict[ChunkKey, str]:
     chunks: dict[ChunkKey, str] = {}
     for record in records:
-        for index, text in enumerate(chunk_text(record.text)):
-            chunks[(record.source_key, record.source_id, index, content_hash(text))] = text
+        for index, piece in enumerate(chunk_text(record.text)):
+            chunks[(record.source_key, record.source_id, index, content_hash(piece))] = piece
     return chunks
 
 
@@ -111,8 +112,10 @@ def run_memory_build(
     result = BuildResult(mode=mode)
     lock_user(session, user.id)
 
-    # Taken before anything is read: a change stamped later may not be in this build.
-    result.inputs_read_at = session.scalar(select(func.clock_timestamp()))
+    # Taken before anything is read: a change stamped later may not be in this build, nor
+    # one by a transaction this snapshot does not see (the dry run re-reads those).
+    result.inputs_read_at, result.snapshot = session.execute(select(
+        func.clock_timestamp(), func.pg_current_snapshot().cast(Text))).one()
     resolution = resolve_for_build(session, user)
     result.resolution = resolution.to_dict()
     fresh = fresh_chunks(extract(session, user.id, resolution.included_keys))
@@ -182,8 +185,9 @@ def _record_state(session: Session, user_id: int, result: BuildResult,
                   included: tuple[str, ...], model: str, build_id: int | None) -> None:
     """Note what the chunks now reflect. A build that changed nothing leaves an existing
     note alone (it still holds: nothing read since then differs), so it writes nothing."""
-    values = {"inputs_read_at": result.inputs_read_at, "included_keys": list(included),
-              "embedding_model": model, "build_id": build_id}
+    values = {"inputs_read_at": result.inputs_read_at, "snapshot": result.snapshot,
+              "included_keys": list(included), "embedding_model": model,
+              "build_id": build_id}
     if not (result.added or result.removed):
         state = session.get(MemoryState, user_id)
         if state is not None and (state.included_keys, state.embedding_model) == \
@@ -202,16 +206,15 @@ class SourcePreview:
 
 
 def preview_memory_build(user: Any, *, session: Session, embedder_name: str,
-                         margin_seconds: float = 60.0,
                          resolution: Resolution | None = None) -> dict[str, SourcePreview]:
     """What the next quick update would add and remove per source, writing nothing.
 
     It starts from what the stored chunks reflect (``MemoryState``, written by the build
     that stored them): a source no longer included loses all its chunks, and a source
-    included then and now is re-read — chat history only for the conversations changed
-    since that build read its inputs (less ``margin_seconds``, for a change whose
-    transaction was still open then), the other sources whole. Without a state, or with
-    chunks of another embedding model, it compares everything, as the build will.
+    included then and now is re-read — chat history only for the conversations written
+    by a transaction that build could not see (still running when it read its inputs, or
+    later), the other sources whole. Without a state, or with chunks of another
+    embedding model, it compares everything, as the build will.
     ``resolution``: the user's, when the caller has it already (a page that resolved the
     plan for this request). Each source's stored chunks are ``to_remove + unchanged``."""
     resolution = resolution or resolve_for_build(session, user)
@@ -229,7 +232,10 @@ def preview_memory_build(user: Any, *, session: Session, embedder_name: str,
     if state is None or foreign_model or state.embedding_model != embedder_name:
         return _preview_everything(session, user.id, included, embedder_name)
 
-    preview = {key: SourcePreview(key, 0, stored_counts[key], 0) for key in SOURCE_KEYS
+    # Every source not included now loses its chunks, as does a source the registry no
+    # longer has (its chunks stay until a build removes them).
+    keys = (*SOURCE_KEYS, *sorted(set(stored_counts) - set(SOURCE_KEYS)))
+    preview = {key: SourcePreview(key, 0, stored_counts[key], 0) for key in keys
                if key not in included}
     whole = [key for key in included
              if not (key == CHAT_HISTORY and key in state.included_keys)]
@@ -237,10 +243,9 @@ def preview_memory_build(user: Any, *, session: Session, embedder_name: str,
         preview.update(_preview_everything(session, user.id, tuple(whole), embedder_name,
                                            keys=whole))
     if CHAT_HISTORY in included and CHAT_HISTORY in state.included_keys:
-        since = state.inputs_read_at - timedelta(seconds=margin_seconds)
-        preview[CHAT_HISTORY] = _preview_changed_chat(session, user.id, since,
+        preview[CHAT_HISTORY] = _preview_changed_chat(session, user.id, state.snapshot,
                                                       stored_counts[CHAT_HISTORY])
-    return {key: preview[key] for key in SOURCE_KEYS}
+    return {key: preview[key] for key in keys}
 
 
 def _preview_everything(session: Session, user_id: int, included: tuple[str, ...],
@@ -258,17 +263,29 @@ def _preview_everything(session: Session, user_id: int, included: tuple[str, ...
         counts[row.source_key][1] += 1
     for key in diff.kept:
         counts[key[0]][2] += 1
-    return {key: SourcePreview(key, *counts[key]) for key in (keys or SOURCE_KEYS)}
+    keys = keys or [*SOURCE_KEYS, *sorted(set(counts) - set(SOURCE_KEYS))]
+    return {key: SourcePreview(key, *counts[key]) for key in keys}
 
 
-def _preview_changed_chat(session: Session, user_id: int, since: datetime,
+# A conversation the last build may not have seen whole: last written by a transaction its
+# snapshot does not see. (The last writer's stamp is enough: a writer waits for the one
+# before it, so if the last is visible to the snapshot, every earlier one is.) The xmin
+# bound lets the index on (user_id, changed_xid) skip what is certainly visible.
+_UNSEEN = text(
+    "conversations.changed_xid >= pg_snapshot_xmin(CAST(:snapshot AS pg_snapshot))"
+    "::text::bigint AND NOT pg_visible_in_snapshot(conversations.changed_xid::text::xid8, "
+    "CAST(:snapshot AS pg_snapshot))")
+
+
+def _preview_changed_chat(session: Session, user_id: int, snapshot: str,
                           stored_total: int) -> SourcePreview:
-    """Chat history re-read for the conversations whose messages changed since ``since``;
+    """Chat history re-read for the conversations written by a transaction the last
+    build could not see;
     the chunks of a conversation that no longer exists are removals; every other stored
     chunk is kept, as nothing it was made from has changed."""
     # As a subquery, so the dry run costs the same three statements whatever changed.
-    changed = select(Conversation.id).where(Conversation.user_id == user_id,
-                                            Conversation.changed_at > since)
+    changed = select(Conversation.id).where(
+        Conversation.user_id == user_id, _UNSEEN.bindparams(snapshot=snapshot))
     conversation_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
     of_chat = (MemoryChunk.user_id == user_id, MemoryChunk.source_key == CHAT_HISTORY)
     gone = session.scalar(

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     DateTime,
@@ -39,7 +40,7 @@ class Conversation(db.Model):
     __table_args__ = (
         CheckConstraint("status IN ('open', 'ended')", name="status"),
         Index("ix_conversations_user_id_last_activity_at", "user_id", "last_activity_at"),
-        Index("ix_conversations_user_id_changed_at", "user_id", "changed_at"),
+        Index("ix_conversations_user_id_changed_xid", "user_id", "changed_xid"),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -50,9 +51,11 @@ class Conversation(db.Model):
     last_activity_at: Mapped[datetime] = created_at_column()
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Stamped by triggers (migration 0004) when any of its messages is inserted, updated
-    # or deleted: the next build's dry run re-reads only conversations changed since.
+    # or deleted, with the time and the writing transaction's id: the next build's dry run
+    # re-reads only conversations written by a transaction the last build could not see.
     changed_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.clock_timestamp(), nullable=False)
+    changed_xid: Mapped[int] = mapped_column(BigInteger, server_default="0", nullable=False)
 
     messages: Mapped[list[Message]] = relationship(
         back_populates="conversation",

@@ -1,13 +1,22 @@
 """The dry run of the next build (the Memory Status page's "what the next build will
 change"): after every kind of change it equals the build's own comparison and what the
-build then does, while re-reading only the conversations that changed."""
+build then does, while re-reading only the conversations a build could not have seen.
+
+Each step commits, as the app does: what a build could see is decided by transactions
+(a change by a transaction still open while the build read its inputs is re-read, however
+long it stayed open), so these tests use really committed rows."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
-from sqlalchemy import delete, text, update
+from sqlalchemy import delete, update
+from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
+from dashboard.extensions import db
+from dashboard.memory import pipeline
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryState
 from dashboard.memory.pipeline import (
@@ -18,31 +27,28 @@ from dashboard.memory.pipeline import (
 )
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.sources import BLINKS, CHAT_HISTORY, SOURCE_KEYS
-from tests.factories import make_conversation, make_plan, make_user, user_turns
+from tests.factories import make_conversation, user_turns
 
 EMBEDDER = HashingEmbedder()
 
 
 @pytest.fixture
-def world(db_session):
-    plan = make_plan(db_session, cap=5)
-    user = make_user(db_session, plan=plan)
-    db_session.add(ProfileFact(user_id=user.id, key="city", value="Lisbon"))
-    conversations = [make_conversation(db_session, user, [(f"q{c}.{i}", f"a{c}.{i}")
-                                                          for i in range(4)])
+def world(committed):
+    session = committed.session
+    plan = committed.plan(cap=5)
+    user = committed.user(plan=plan)
+    session.add(ProfileFact(user_id=user.id, key="city", value="Lisbon"))
+    conversations = [make_conversation(session, user, [(f"q{c}.{i}", f"a{c}.{i}")
+                                                       for i in range(4)])
                      for c in range(3)]
-    db_session.add(Blink(user_id=user.id, title="t", content="a blink"))
-    db_session.flush()
-    return user, plan, conversations
+    session.add(Blink(user_id=user.id, title="t", content="a blink"))
+    session.commit()
+    return session, user, plan, conversations
 
 
-def build(db_session, user):
-    result = run_memory_build(user, "quick", session=db_session, embedder=EMBEDDER)
-    # Time passes: every conversation was last touched an hour before the next change.
-    db_session.execute(update(Conversation).where(Conversation.user_id == user.id)
-                       .values(changed_at=text("clock_timestamp() - interval '1 hour'")))
-    db_session.execute(update(MemoryState).where(MemoryState.user_id == user.id)
-                       .values(inputs_read_at=text("clock_timestamp() - interval '50 minutes'")))
+def build(session, user):
+    result = run_memory_build(user, "quick", session=session, embedder=EMBEDDER)
+    session.commit()
     return result
 
 
@@ -50,83 +56,142 @@ def as_counts(preview):
     return {key: (p.to_add, p.to_remove, p.unchanged) for key, p in preview.items()}
 
 
-def check(db_session, user):
-    """The dry run equals the build's own comparison, and then what the build does."""
-    db_session.flush()
-    db_session.expire_all()
-    dry = as_counts(preview_memory_build(user, session=db_session,
-                                         embedder_name=EMBEDDER.name))
-    included = resolve_for_build(db_session, user).included_keys
-    assert dry == as_counts(_preview_everything(db_session, user.id, included, EMBEDDER.name))
-    result = build(db_session, user)
+def dry_run(session, user):
+    session.expire_all()
+    return as_counts(preview_memory_build(user, session=session, embedder_name=EMBEDDER.name))
+
+
+def check(session, user):
+    """Commit the change; the dry run equals the build's own comparison, and then what
+    the build does."""
+    session.commit()
+    dry = dry_run(session, user)
+    included = resolve_for_build(session, user).included_keys
+    assert dry == as_counts(_preview_everything(session, user.id, included, EMBEDDER.name))
+    result = build(session, user)
     for key in SOURCE_KEYS:
         done = result.per_source.get(key, {})
         assert (dry[key][0], dry[key][1]) == (done.get("added", 0), done.get("removed", 0)), key
     return dry
 
 
-def test_the_dry_run_equals_the_build_after_every_kind_of_change(db_session, world):
-    user, plan, conversations = world
-    build(db_session, user)
+def test_the_dry_run_equals_the_build_after_every_kind_of_change(world):
+    session, user, plan, conversations = world
+    build(session, user)
     (conv0, messages0), (conv1, messages1), (conv2, _) = conversations
 
     user_turns(messages0)[1].not_remembered = True  # flag a pair
-    assert check(db_session, user)[CHAT_HISTORY] == (0, 1, 11)
+    assert check(session, user)[CHAT_HISTORY] == (0, 1, 11)
     user_turns(messages0)[1].not_remembered = False  # and back
-    assert check(db_session, user)[CHAT_HISTORY] == (1, 0, 11)
+    assert check(session, user)[CHAT_HISTORY] == (1, 0, 11)
     user_turns(messages1)[2].content = "edited question"
-    assert check(db_session, user)[CHAT_HISTORY] == (1, 1, 11)
+    assert check(session, user)[CHAT_HISTORY] == (1, 1, 11)
     # An edit that bypasses the ORM is seen too (the stamp is a database trigger).
-    db_session.execute(update(Message).where(Message.id == messages1[1].id)
-                       .values(content="raw edit of a reply"))
-    assert check(db_session, user)[CHAT_HISTORY] == (1, 1, 11)
-    make_conversation(db_session, user, [("new question", "new answer")])
-    assert check(db_session, user)[CHAT_HISTORY] == (1, 0, 12)
-    db_session.execute(delete(Conversation).where(Conversation.id == conv2.id))
-    assert check(db_session, user)[CHAT_HISTORY] == (0, 4, 9)
-    db_session.add(Blink(user_id=user.id, title="", content="another blink"))
-    assert check(db_session, user)[BLINKS] == (1, 0, 1)
+    session.execute(update(Message).where(Message.id == messages1[1].id)
+                    .values(content="raw edit of a reply"))
+    assert check(session, user)[CHAT_HISTORY] == (1, 1, 11)
+    # A pair moved to another conversation: both conversations are read again.
+    last_question, last_answer = messages0[-2:]
+    session.execute(update(Message).where(Message.id.in_([last_question.id, last_answer.id]))
+                    .values(conversation_id=conv1.id, position=Message.position + 100))
+    assert check(session, user)[CHAT_HISTORY] == (1, 1, 11)
+    make_conversation(session, user, [("new question", "new answer")])
+    assert check(session, user)[CHAT_HISTORY] == (1, 0, 12)
+    session.execute(delete(Conversation).where(Conversation.id == conv2.id))
+    assert check(session, user)[CHAT_HISTORY] == (0, 4, 9)
+    session.add(Blink(user_id=user.id, title="", content="another blink"))
+    assert check(session, user)[BLINKS] == (1, 0, 1)
     plan.included_sources = 3  # chat history evicted by the cap
-    assert check(db_session, user)[CHAT_HISTORY] == (0, 9, 0)
+    assert check(session, user)[CHAT_HISTORY] == (0, 9, 0)
     plan.included_sources = 5  # and back: every pair is new again
-    assert check(db_session, user)[CHAT_HISTORY] == (9, 0, 0)
-    assert check(db_session, user) == {key: (0, 0, count) for key, (_, _, count) in
-                                       as_counts(preview_memory_build(
-                                           user, session=db_session,
-                                           embedder_name=EMBEDDER.name)).items()}
+    assert check(session, user)[CHAT_HISTORY] == (9, 0, 0)
+    assert all(add == remove == 0 for add, remove, _ in check(session, user).values())
 
 
-def test_only_changed_conversations_are_read_again(db_session, world, count_queries):
-    user, _, conversations = world
-    build(db_session, user)
-    (_, messages), *_ = conversations
+def test_only_conversations_the_build_could_not_see_are_read_again(world, monkeypatch):
+    session, user, _, conversations = world
+    build(session, user)
+    (flagged_conversation, messages), *_ = conversations
     user_turns(messages)[0].not_remembered = True
-    db_session.flush()
-    with count_queries() as queries:
-        preview = preview_memory_build(user, session=db_session, embedder_name=EMBEDDER.name)
-    assert as_counts(preview)[CHAT_HISTORY] == (0, 1, 11)
-    chat_reads = [s for s in queries.statements if "FROM messages" in s]
-    assert len(chat_reads) == 1 and "IN (" in chat_reads[0].replace("\n", " ")
-    assert not [s for s in queries.statements
-                if s.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE"))]
+    session.commit()
+    read = []
+
+    def spy(session, user_id, conversation_ids=None):
+        records = extract(session, user_id, conversation_ids)
+        read.extend(records)
+        return records
+
+    extract = pipeline.extract_chat_pairs
+    monkeypatch.setattr(pipeline, "extract_chat_pairs", spy)
+    assert dry_run(session, user)[CHAT_HISTORY] == (0, 1, 11)
+    # Only the flagged conversation's three remaining pairs, not the other eight.
+    assert {r.source_id.split(":")[0] for r in read} == {str(flagged_conversation.id)}
+    assert len(read) == 3
 
 
-def test_without_a_state_or_with_another_model_everything_is_compared(db_session, world):
-    user, _, _ = world
-    preview = preview_memory_build(user, session=db_session, embedder_name=EMBEDDER.name)
-    assert as_counts(preview)[CHAT_HISTORY] == (12, 0, 0)
-    build(db_session, user)
-    other = preview_memory_build(user, session=db_session, embedder_name="another-model")
+def test_a_change_by_a_transaction_open_across_the_build_is_not_missed(app, world):
+    session, user, _, conversations = world
+    build(session, user)
+    (_, messages), *_ = conversations
+    with app.app_context():
+        writer, builder = Session(db.engine), Session(db.engine)
+        try:
+            # A slow writer edits a question before the build and commits after it.
+            writer.execute(update(Message).where(Message.id == messages[0].id)
+                           .values(content="a question edited in a long transaction"))
+            writer.add(Blink(user_id=user.id, title="", content="meanwhile"))
+            done = threading.Event()
+
+            def build_meanwhile():
+                with app.app_context():
+                    run_memory_build(builder.get(type(user), user.id), "quick",
+                                     session=builder, embedder=EMBEDDER)
+                    builder.commit()
+                done.set()
+
+            thread = threading.Thread(target=build_meanwhile)
+            thread.start()
+            thread.join(timeout=30)
+            assert done.is_set()
+            writer.commit()
+        finally:
+            writer.close()
+            builder.close()
+    # The build missed the edit (it was not committed when it read); the dry run sees it.
+    assert check(session, user)[CHAT_HISTORY] == (1, 1, 11)
+
+
+def test_without_a_state_or_with_another_model_everything_is_compared(world):
+    session, user, _, _ = world
+    assert dry_run(session, user)[CHAT_HISTORY] == (12, 0, 0)
+    build(session, user)
+    other = preview_memory_build(user, session=session, embedder_name="another-model")
     assert as_counts(other)[CHAT_HISTORY] == (12, 12, 0)
 
 
-def test_every_build_records_what_its_chunks_reflect(db_session, world):
-    user, plan, _ = world
-    build(db_session, user)
-    state = db_session.get(MemoryState, user.id)
+def test_chunks_of_a_source_no_longer_in_the_registry_are_removals(world):
+    session, user, _, _ = world
+    build(session, user)
+    from dashboard.memory.models import MemoryChunk
+
+    session.execute(update(MemoryChunk).where(MemoryChunk.user_id == user.id,
+                                              MemoryChunk.source_key == BLINKS)
+                    .values(source_key="retired.source"))
+    session.commit()
+    assert dry_run(session, user)["retired.source"] == (0, 1, 0)
+    result = build(session, user)
+    assert result.per_source["retired.source"]["removed"] == 1
+
+
+def test_every_build_records_what_its_chunks_reflect(world):
+    session, user, plan, _ = world
+    build(session, user)
+    state = session.get(MemoryState, user.id)
     assert (state.embedding_model, state.build_id) == (EMBEDDER.name, None)
-    assert set(state.included_keys) == set(resolve_for_build(db_session, user).included_keys)
+    assert ":" in state.snapshot  # xmin:xmax:xip, as PostgreSQL writes it
+    assert set(state.included_keys) == set(resolve_for_build(session, user).included_keys)
     plan.included_sources = 1
-    build(db_session, user)
-    db_session.expire_all()
-    assert db_session.get(MemoryState, user.id).included_keys == ["orbitpilot.profile"]
+    session.commit()
+    build(session, user)
+    session.expire_all()
+    assert session.get(MemoryState, user.id).included_keys == ["orbitpilot.profile"]
