@@ -21,23 +21,28 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import create_engine, event, select, text  # noqa: E402
+from sqlalchemy import create_engine, select  # noqa: E402
 
-from dashboard import create_app  # noqa: E402
+from bench._setup import (  # noqa: E402
+    PASSWORD,
+    counted,
+    drop_database,
+    fresh_database,
+    migrated_app,
+    ms,
+    signed_in,
+)
 from dashboard.extensions import db  # noqa: E402
 
 DATABASE = "orbitpilot_bench_audit"
-PASSWORD = "bench-password-123"
 START = datetime(2024, 1, 1, tzinfo=UTC)
 STEP = timedelta(seconds=60)
-CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
 SEQ_CELL = re.compile(r'<td class="col-seq">\s*(\d+)\s*</td>')
 
 # (action, share of the log, target type, modes): a common action and a rare one to filter.
@@ -65,26 +70,14 @@ def parse_args() -> argparse.Namespace:
 def bench_app():
     """An app on a fresh database of its own, migrated as the owner role; the app itself
     connects as the app role. Returns (app, owner URL, admin engine)."""
-    from flask_migrate import upgrade
+    from dashboard.embedded import OWNER_ROLE
 
-    from dashboard.embedded import OWNER_ROLE, ensure_database, ensure_started
-
-    base = create_app()
-    binding = base.extensions["orbitpilot.embedded"]
-    ensure_started(base)
-    urls = binding.services.urls()
-    admin = create_engine(urls.postgres_admin.replace("postgresql://", "postgresql+psycopg://"),
-                          isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-    ensure_database(urls.postgres_admin, DATABASE)
+    urls, admin = fresh_database(DATABASE)
     owner_url = urls.database_url(DATABASE, OWNER_ROLE)
     # A queue of its own: nothing the bench might request reaches a real worker.
-    app = create_app({"SQLALCHEMY_DATABASE_URI": urls.database_url(DATABASE),
-                      "MIGRATIONS_DATABASE_URI": owner_url, "BUILD_QUEUE": "builds-bench-audit"})
-    with app.app_context():
-        upgrade()
-        db.engine.dispose()
+    app = migrated_app({"SQLALCHEMY_DATABASE_URI": urls.database_url(DATABASE),
+                        "MIGRATIONS_DATABASE_URI": owner_url,
+                        "BUILD_QUEUE": "builds-bench-audit"})
     return app, owner_url, admin
 
 
@@ -175,10 +168,6 @@ def load(owner_url: str, total: int) -> None:
 
 # -- measuring -------------------------------------------------------------------------------
 
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.1f} ms"
-
-
 def median_of(repeat: int, call: Callable[[], Any]) -> float:
     call()  # warm: caches, the plan, the connection
     times = []
@@ -187,20 +176,6 @@ def median_of(repeat: int, call: Callable[[], Any]) -> float:
         call()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
-
-
-@contextmanager
-def counted(engine) -> Iterator[list[str]]:
-    statements: list[str] = []
-
-    def before(conn, cursor, statement, parameters, context, executemany):
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", before)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", before)
 
 
 def signed_in_admin(app):
@@ -213,12 +188,7 @@ def signed_in_admin(app):
                             password_hash=generate_password_hash(PASSWORD)))
         db.session.commit()
         db.session.remove()
-    client = app.test_client()
-    token = CSRF.search(client.get("/auth/signin").get_data(as_text=True)).group(1)
-    response = client.post("/auth/signin", data={"email": "admin@bench.test",
-                                                  "password": PASSWORD, "csrf_token": token})
-    assert response.status_code == 302, response.status_code
-    return client
+    return signed_in(app, "admin@bench.test")
 
 
 def bench_view(app, total: int, repeat: int) -> None:
@@ -306,8 +276,7 @@ def main() -> int:
         with app.app_context():
             db.engine.dispose()
         if not args.keep:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+            drop_database(admin, DATABASE)
         admin.dispose()
     return 0
 

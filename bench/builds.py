@@ -21,10 +21,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import create_engine, insert, select, text, update  # noqa: E402
+from sqlalchemy import insert, select, text, update  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
-from dashboard import create_app  # noqa: E402
+from bench._setup import drop_database, fresh_database, migrated_app, ms  # noqa: E402
 from dashboard.extensions import db  # noqa: E402
 
 
@@ -52,31 +52,14 @@ def bench_app(name: str):
     """An app on a database of its own. On the embedded server the superuser makes it
     (owned by the owner role, with pgvector) and the bench connects as the owner: it
     measures the engine, not privileges. BENCH_DATABASE_URL: an existing database."""
-    from flask_migrate import upgrade
-
-    from dashboard.embedded import OWNER_ROLE, ensure_database, ensure_started
+    from dashboard.embedded import OWNER_ROLE
 
     url = os.environ.get("BENCH_DATABASE_URL")
     admin = None
     if not url:
-        base = create_app()
-        binding = base.extensions["orbitpilot.embedded"]
-        ensure_started(base)
-        urls = binding.services.urls()
-        admin = create_engine(urls.postgres_admin.replace("postgresql://", "postgresql+psycopg://"),
-                              isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        ensure_database(urls.postgres_admin, name)
+        urls, admin = fresh_database(name)
         url = urls.database_url(name, OWNER_ROLE)
-    app = create_app({"SQLALCHEMY_DATABASE_URI": url, "MIGRATIONS_DATABASE_URI": url})
-    with app.app_context():
-        upgrade()
-    return app, admin
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:,.1f} ms"
+    return migrated_app({"SQLALCHEMY_DATABASE_URI": url, "MIGRATIONS_DATABASE_URI": url}), admin
 
 
 def make_chat_user(session: Session, pairs: int, *, email: str):
@@ -292,8 +275,7 @@ def main() -> int:
             db.engine.dispose()
         if admin is not None:
             if not args.keep:
-                with admin.connect() as conn:
-                    conn.execute(text('DROP DATABASE IF EXISTS "orbitpilot_bench" WITH (FORCE)'))
+                drop_database(admin, "orbitpilot_bench")
             admin.dispose()
     return 0
 

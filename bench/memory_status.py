@@ -21,24 +21,28 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import create_engine, event, insert, select, text, update  # noqa: E402
+from sqlalchemy import create_engine, insert, select, text, update  # noqa: E402
 
-from dashboard import create_app  # noqa: E402
+from bench._setup import (  # noqa: E402
+    PASSWORD,
+    counted,
+    drop_database,
+    fresh_database,
+    migrated_app,
+    signed_in,
+)
 from dashboard.extensions import db  # noqa: E402
 
 DATABASE = "orbitpilot_bench_status"
 QUEUE = "builds-bench-status"
 EMAIL = "status@bench.test"
-PASSWORD = "bench-password-123"
 TARGET_MS = 150.0
-CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
 WORDS = ("lisbon porto budget flight hotel museum dinner recipe garden meeting project "
          "deadline invoice puppy training running marathon coffee book chapter").split()
 
@@ -55,26 +59,13 @@ def bench_app():
     """An app on a fresh database of its own, migrated as the owner role; the app itself
     connects as the app role, with a build queue of its own. Returns (app, owner URL,
     admin engine)."""
-    from flask_migrate import upgrade
+    from dashboard.embedded import OWNER_ROLE
 
-    from dashboard.embedded import OWNER_ROLE, ensure_database, ensure_started
-
-    base = create_app()
-    binding = base.extensions["orbitpilot.embedded"]
-    ensure_started(base)
-    urls = binding.services.urls()
-    admin = create_engine(urls.postgres_admin.replace("postgresql://", "postgresql+psycopg://"),
-                          isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
-    ensure_database(urls.postgres_admin, DATABASE)
+    urls, admin = fresh_database(DATABASE)
     owner_url = urls.database_url(DATABASE, OWNER_ROLE)
-    app = create_app({"SQLALCHEMY_DATABASE_URI": urls.database_url(DATABASE),
-                      "MIGRATIONS_DATABASE_URI": owner_url,
-                      "BUILD_QUEUE": QUEUE, "EMBEDDER": "hashing"})
-    with app.app_context():
-        upgrade()
-        db.engine.dispose()
+    app = migrated_app({"SQLALCHEMY_DATABASE_URI": urls.database_url(DATABASE),
+                        "MIGRATIONS_DATABASE_URI": owner_url,
+                        "BUILD_QUEUE": QUEUE, "EMBEDDER": "hashing"})
     return app, owner_url, admin
 
 
@@ -189,20 +180,6 @@ def change_a_little(app, owner_url: str, user_id: int) -> None:
 
 # -- measuring -------------------------------------------------------------------------------
 
-@contextmanager
-def counted(engine) -> Iterator[list[str]]:
-    statements: list[str] = []
-
-    def before(conn, cursor, statement, parameters, context, executemany):
-        statements.append(statement)
-
-    event.listen(engine, "before_cursor_execute", before)
-    try:
-        yield statements
-    finally:
-        event.remove(engine, "before_cursor_execute", before)
-
-
 def timings(repeat: int, call: Callable[[], Any]) -> list[float]:
     call()  # warm: templates, the connection, the plan cache of the database
     times = []
@@ -218,21 +195,12 @@ def p95(times: list[float]) -> float:
         else times[0]
 
 
-def signed_in(app):
-    client = app.test_client()
-    token = CSRF.search(client.get("/auth/signin").get_data(as_text=True)).group(1)
-    response = client.post("/auth/signin", data={"email": EMAIL, "password": PASSWORD,
-                                                  "csrf_token": token})
-    assert response.status_code == 302, response.status_code
-    return client
-
-
 def bench_page(app, user_id: int, loads: int) -> tuple[float, float]:
     from dashboard.auth.models import User
     from dashboard.memory.pipeline import preview_memory_build
     from dashboard.memory.status import embedder_model_name
 
-    client = signed_in(app)
+    client = signed_in(app, EMAIL)
 
     def load() -> None:
         response = client.get("/memory/status")
@@ -293,8 +261,7 @@ def main() -> int:
             queue.delete(delete_jobs=True)
             db.engine.dispose()
         if not args.keep:
-            with admin.connect() as conn:
-                conn.execute(text(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)'))
+            drop_database(admin, DATABASE)
         admin.dispose()
     return 0
 

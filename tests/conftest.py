@@ -22,6 +22,7 @@ from sqlalchemy.orm import scoped_session, sessionmaker
 
 from dashboard import create_app
 from dashboard.extensions import db
+from tests.factories import make_user
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 # A database of this run's own: two runs at once (a developer's and an agent's, or CI
@@ -243,6 +244,14 @@ class AuthActions:
 @pytest.fixture
 def auth(client) -> AuthActions:
     return AuthActions(client)
+
+
+@pytest.fixture
+def user(db_session, auth, queue):
+    """A user on the default plan, signed in on ``client``."""
+    user = make_user(db_session)
+    assert auth.login(user.email).status_code == 302
+    return user
 
 
 @dataclass

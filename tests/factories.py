@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import itertools
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from werkzeug.security import generate_password_hash
 
 from dashboard.auth.models import User
+from dashboard.memory.models import MemoryBuild
 from dashboard.plans.models import Plan, SourceAssignment
 
 PASSWORD = "correct-horse-battery"
@@ -73,6 +74,18 @@ def make_conversation(session, user: User, pairs: list[tuple[str, str | None]], 
 
 def user_turns(messages):
     return [m for m in messages if m.role == "user"]
+
+
+def settle(session) -> None:
+    """Pretend every queued build ran, so the next change must request a new one."""
+    session.execute(update(MemoryBuild).where(MemoryBuild.status == "queued")
+                    .values(status="succeeded"))
+
+
+def queued_triggers(session, user) -> list[str]:
+    """The triggers of ``user``'s queued builds."""
+    return list(session.scalars(select(MemoryBuild.trigger).where(
+        MemoryBuild.user_id == user.id, MemoryBuild.status == "queued")))
 
 
 class CountingEmbedder:

@@ -31,13 +31,13 @@ from wtforms.fields import SelectChoice
 from dashboard.audit.services import Actor
 from dashboard.auth.models import ROLES
 from dashboard.extensions import db
+from dashboard.ids import INT4_MAX, INT8_MAX, parse_int
 
 log = logging.getLogger(__name__)
 
 SAVE_FAILED = "That change could not be saved, and nothing was changed. Try again."
 MAX_PAGE = 1_000_000
-_INT_LIMITS = {Integer: 2**31 - 1, BigInteger: 2**63 - 1}
-_DIGITS = re.compile(r"^[0-9]{1,19}$")
+_INT_LIMITS = {Integer: INT4_MAX, BigInteger: INT8_MAX}
 
 
 class _RoleGate:
@@ -76,7 +76,7 @@ def parse_key(model: type, raw: Any) -> Any:
     text = raw if isinstance(raw, str) else ""
     for kind, limit in _INT_LIMITS.items():
         if isinstance(column.type, kind):
-            return int(text) if _DIGITS.match(text) and int(text) <= limit else None
+            return parse_int(text, 0, limit)
     try:
         return uuid.UUID(text)
     except ValueError:
@@ -85,7 +85,7 @@ def parse_key(model: type, raw: Any) -> Any:
 
 def _int_arg(name: str, minimum: int, maximum: int) -> None:
     raw = request.args.get(name)
-    if raw is not None and not (_DIGITS.match(raw) and minimum <= int(raw) <= maximum):
+    if raw is not None and parse_int(raw, minimum, maximum) is None:
         abort(400, f"The “{name}” value in the address is not valid.")
 
 
@@ -325,8 +325,7 @@ class OnPlanFilter(BaseSQLAFilter):
         super().__init__(User.plan_id, "Plan")
 
     def validate(self, value: Any) -> bool:
-        return isinstance(value, str) and bool(_DIGITS.match(value)) \
-            and int(value) <= _INT_LIMITS[Integer]
+        return parse_int(value, 0, INT4_MAX) is not None
 
     def apply(self, query: Any, value: Any, alias: Any = None) -> Any:
         from dashboard.plans.services import effective_plan_id

@@ -18,7 +18,6 @@ per page, whatever the size of the log. A ``page`` number other than 0 is refuse
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -30,6 +29,7 @@ from markupsafe import Markup
 
 from dashboard.admin.views import ReadOnlyView
 from dashboard.audit.models import AuditEvent
+from dashboard.ids import INT8_MAX, parse_int
 
 PAGE_SIZE = 50
 # One export is a bounded read held in memory as ORM rows; an older slice is exported
@@ -37,8 +37,6 @@ PAGE_SIZE = 50
 EXPORT_MAX_ROWS = 10_000
 CURSOR_ARGS = ("before_seq", "after_seq")
 _PAGE_KEY = "orbitpilot.audit_page"
-_BIGINT_MAX = 2**63 - 1
-_DIGITS = re.compile(r"^[0-9]{1,19}$")
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP's list).
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _LIST_VALUE_CHARS = 60
@@ -73,8 +71,7 @@ class IdEquals(FilterEqual):
     """An integer id within PostgreSQL's bigint range (beyond it: 400, not a 500)."""
 
     def validate(self, value: Any) -> bool:
-        return isinstance(value, str) and bool(_DIGITS.match(value)) and \
-            int(value) <= _BIGINT_MAX
+        return parse_int(value, 0, INT8_MAX) is not None
 
     def clean(self, value: str) -> int:
         return int(value)
@@ -239,9 +236,10 @@ class Cursor:
             raw = args.get(name)
             if raw is None:
                 continue
-            if not (_DIGITS.match(raw) and int(raw) <= _BIGINT_MAX):
+            value = parse_int(raw, 0, INT8_MAX)
+            if value is None:
                 abort(400, f"The “{name}” value in the address is not valid.")
-            values[name] = int(raw)
+            values[name] = value
         if len(values) > 1:
             abort(400, "A page is either before or after a position, not both.")
         return cls(**values)

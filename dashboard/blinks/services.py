@@ -10,42 +10,25 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
+from dashboard.forms import FieldError
 
 MAX_TITLE = 200
 MAX_CONTENT = 20_000
 PAGE_SIZE = 50
 # Beyond this a page number is a typo or a probe; clamping keeps OFFSET cheap.
 MAX_PAGE = 10_000
-# PostgreSQL ``integer``: a bigger id cannot exist, and asking for one is a DataError.
-MAX_ID = 2**31 - 1
 
 # What the eye says, in the partial, in JSON answers and in flash messages alike.
 READS_LABEL = "AI reads this"
 EXCLUDED_LABEL = "Excluded from AI memory"
 
 
-class BlinkError(ValueError):
+class BlinkError(FieldError):
     """A Blink refused, with the form field it is about."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class BlinkNotFound(LookupError):
-    """No such Blink for this owner (someone else's reads the same as none at all)."""
 
 
 def memory_label(excluded: bool) -> str:
     return EXCLUDED_LABEL if excluded else READS_LABEL
-
-
-def parse_id(raw: object) -> int | None:
-    """A positive id that could exist, from a form or query value; ``None`` otherwise."""
-    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
-        return None
-    value = int(raw)
-    return value if 1 <= value <= MAX_ID else None
 
 
 def _clean(title: str, content: str) -> tuple[str, str]:
@@ -90,17 +73,6 @@ def list_blinks(session: Session, *, user_id: int, page: int = 1,
         .offset((page - 1) * per_page).limit(per_page + 1)
     ).all()
     return BlinkPage(list(rows[:per_page]), page, len(rows) > per_page)
-
-
-def get_blink(session: Session, *, user_id: int, blink_id: int | None) -> Blink:
-    if blink_id is None or not 1 <= blink_id <= MAX_ID:
-        raise BlinkNotFound
-    blink = session.scalars(
-        select(Blink).where(Blink.id == blink_id, Blink.user_id == user_id)
-    ).first()
-    if blink is None:
-        raise BlinkNotFound
-    return blink
 
 
 def update_blink(session: Session, blink: Blink, *, title: str, content: str) -> Blink:

@@ -16,11 +16,13 @@ from werkzeug.exceptions import BadRequest, NotFound
 from wtforms import StringField, TextAreaField
 
 from dashboard.blinks import services
-from dashboard.blinks.services import MAX_CONTENT, MAX_TITLE, BlinkError, BlinkNotFound
+from dashboard.blinks.models import Blink
+from dashboard.blinks.services import MAX_CONTENT, MAX_TITLE
 from dashboard.errors import problem
 from dashboard.extensions import db
-from dashboard.plans.sentences import state_sentence
-from dashboard.plans.services import resolve_build_sources
+from dashboard.forms import save_form
+from dashboard.ids import owned_or_404
+from dashboard.plans.sentences import source_sentence
 from dashboard.sources import BLINKS
 
 bp = Blueprint("blinks", __name__, url_prefix="/blinks")
@@ -45,19 +47,8 @@ def _page_number() -> int:
     return request.args.get("page", 1, type=int)
 
 
-def _blinks_sentence():
-    """The Blinks source's state and its one sentence: one resolution per page."""
-    resolution = resolve_build_sources(current_user)
-    source = resolution.get(BLINKS)
-    return source, state_sentence(source, resolution)
-
-
-def _owned(raw_id: object):
-    try:
-        return services.get_blink(db.session, user_id=current_user.id,
-                                  blink_id=services.parse_id(raw_id))
-    except BlinkNotFound:
-        raise NotFound(NOT_FOUND) from None
+def _owned(raw_id: object) -> Blink:
+    return owned_or_404(db.session, Blink, raw_id, current_user.id, NOT_FOUND)
 
 
 def _safe_next(target: str | None) -> str:
@@ -70,13 +61,9 @@ def _safe_next(target: str | None) -> str:
     return url_for("blinks.index")
 
 
-def _field_error(form: BlinkForm, exc: BlinkError) -> None:
-    getattr(form, exc.field, form.content).errors.append(str(exc))
-
-
 def _render_index(form: BlinkForm, status: int = 200):
     page = services.list_blinks(db.session, user_id=current_user.id, page=_page_number())
-    source, sentence = _blinks_sentence()
+    source, sentence = source_sentence(current_user, BLINKS)
     next_url = url_for("blinks.index", page=page.page) if page.page > 1 else None
     return render_template("blink/index.html", form=form, page=page, source=source,
                            sentence=sentence, next_url=next_url), status
@@ -89,17 +76,10 @@ def index():
     form = BlinkForm()
     if request.method == "GET":
         return _render_index(form)
-    if form.validate_on_submit():
-        try:
-            services.create_blink(db.session, user_id=current_user.id,
-                                  title=form.title.data or "", content=form.content.data or "")
-        except BlinkError as exc:
-            _field_error(form, exc)
-        else:
-            db.session.commit()
-            flash("Blink saved.", "success")
-            return redirect(url_for("blinks.index"))
-    return _render_index(form, 400)
+    saved = save_form(form, lambda: services.create_blink(
+        db.session, user_id=current_user.id, title=form.title.data or "",
+        content=form.content.data or ""), saved="Blink saved.", endpoint="blinks.index")
+    return saved if saved is not None else _render_index(form, 400)
 
 
 @bp.route("/edit/", methods=["GET", "POST"])
@@ -108,16 +88,11 @@ def edit():
     blink = _owned(request.args.get("id"))
     form = BlinkForm(obj=blink)
     if request.method == "POST":
-        if form.validate_on_submit():
-            try:
-                services.update_blink(db.session, blink, title=form.title.data or "",
-                                      content=form.content.data or "")
-            except BlinkError as exc:
-                _field_error(form, exc)
-            else:
-                db.session.commit()
-                flash("Blink updated.", "success")
-                return redirect(url_for("blinks.index"))
+        saved = save_form(form, lambda: services.update_blink(
+            db.session, blink, title=form.title.data or "", content=form.content.data or ""),
+            saved="Blink updated.", endpoint="blinks.index")
+        if saved is not None:
+            return saved
         return render_template("blink/edit.html", form=form, blink=blink), 400
     return render_template("blink/edit.html", form=form, blink=blink)
 

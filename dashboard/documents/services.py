@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dashboard.documents.models import Document
+from dashboard.forms import FieldError
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 # By extension: what the name promises. The content must then bear it out (UTF-8, no NUL).
@@ -21,28 +22,14 @@ MAX_TITLE = 200
 MAX_FILENAME = 255
 PAGE_SIZE = 50
 MAX_PAGE = 10_000
-MAX_ID = 2**31 - 1
 BOM = "\ufeff"
 
 
-class DocumentError(ValueError):
-    """An upload refused, with the form field it is about."""
+class DocumentError(FieldError):
+    """An upload refused, with the form field it is about (the file, unless said)."""
 
     def __init__(self, message: str, field: str = "file") -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class DocumentNotFound(LookupError):
-    """No such document for this owner (someone else's reads the same as none at all)."""
-
-
-def parse_id(raw: object) -> int | None:
-    """A positive id that could exist, from a form or query value; ``None`` otherwise."""
-    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
-        return None
-    value = int(raw)
-    return value if 1 <= value <= MAX_ID else None
+        super().__init__(message, field)
 
 
 def format_size(size: int) -> str:
@@ -157,17 +144,6 @@ def list_documents(session: Session, *, user_id: int, page: int = 1,
     ).all()
     documents = [DocumentRow(*row) for row in rows[:per_page]]
     return DocumentPage(documents, page, len(rows) > per_page)
-
-
-def get_document(session: Session, *, user_id: int, document_id: int | None) -> Document:
-    if document_id is None or not 1 <= document_id <= MAX_ID:
-        raise DocumentNotFound
-    document = session.scalars(
-        select(Document).where(Document.id == document_id, Document.user_id == user_id)
-    ).first()
-    if document is None:
-        raise DocumentNotFound
-    return document
 
 
 def delete_document(session: Session, document: Document) -> None:

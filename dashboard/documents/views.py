@@ -10,14 +10,16 @@ from __future__ import annotations
 from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
-from werkzeug.exceptions import NotFound, RequestEntityTooLarge
+from werkzeug.exceptions import RequestEntityTooLarge
 from wtforms import FileField, StringField
 
 from dashboard.documents import services
-from dashboard.documents.services import MAX_TITLE, DocumentError, DocumentNotFound
+from dashboard.documents.models import Document
+from dashboard.documents.services import MAX_TITLE
 from dashboard.extensions import db, login_manager
-from dashboard.plans.sentences import state_sentence
-from dashboard.plans.services import resolve_build_sources
+from dashboard.forms import save_form
+from dashboard.ids import owned_or_404
+from dashboard.plans.sentences import source_sentence
 from dashboard.sources import DOCUMENTS
 
 bp = Blueprint("documents", __name__, url_prefix="/documents")
@@ -40,22 +42,16 @@ def max_bytes() -> int:
     return min(limit, int(request_limit)) if request_limit else limit
 
 
-def _owned(raw_id: object):
-    try:
-        return services.get_document(db.session, user_id=current_user.id,
-                                     document_id=services.parse_id(raw_id))
-    except DocumentNotFound:
-        raise NotFound(NOT_FOUND) from None
+def _owned(raw_id: object) -> Document:
+    return owned_or_404(db.session, Document, raw_id, current_user.id, NOT_FOUND)
 
 
 def _render_index(form: UploadForm, status: int = 200):
     page = services.list_documents(db.session, user_id=current_user.id,
                                    page=request.args.get("page", 1, type=int))
-    resolution = resolve_build_sources(current_user)
-    source = resolution.get(DOCUMENTS)
+    source, sentence = source_sentence(current_user, DOCUMENTS)
     return render_template("documents/index.html", form=form, page=page, source=source,
-                           sentence=state_sentence(source, resolution),
-                           limit=services.format_size(max_bytes())), status
+                           sentence=sentence, limit=services.format_size(max_bytes())), status
 
 
 @bp.route("/", methods=["GET", "POST"])
@@ -65,23 +61,19 @@ def index():
     form = UploadForm()
     if request.method == "GET":
         return _render_index(form)
-    if form.validate_on_submit():
-        upload = request.files.get("file")
-        limit = max_bytes()
-        try:
-            # One byte past the limit is enough to know it is too large.
-            data = upload.stream.read(limit + 1) if upload else b""
-            services.upload_document(db.session, user_id=current_user.id,
-                                     title=form.title.data or "",
-                                     filename=upload.filename if upload else "",
-                                     data=data, max_bytes=limit)
-        except DocumentError as exc:
-            getattr(form, exc.field, form.file).errors.append(str(exc))
-        else:
-            db.session.commit()
-            flash("Document uploaded.", "success")
-            return redirect(url_for("documents.index"))
-    return _render_index(form, 400)
+    saved = save_form(form, lambda: _upload(form), saved="Document uploaded.",
+                      endpoint="documents.index")
+    return saved if saved is not None else _render_index(form, 400)
+
+
+def _upload(form: UploadForm) -> None:
+    upload = request.files.get("file")
+    limit = max_bytes()
+    # One byte past the limit is enough to know it is too large.
+    data = upload.stream.read(limit + 1) if upload else b""
+    services.upload_document(db.session, user_id=current_user.id, title=form.title.data or "",
+                             filename=upload.filename if upload else "", data=data,
+                             max_bytes=limit)
 
 
 @bp.errorhandler(RequestEntityTooLarge)

@@ -52,6 +52,9 @@ class SourceStatus:
 
 @dataclass(frozen=True)
 class BuildSummary:
+    """A build as a page shows it (the Memory Status page, the support trace): its
+    record's columns, never content."""
+
     id: int
     mode: str
     trigger: str
@@ -60,12 +63,19 @@ class BuildSummary:
     removed: int
     kept: int
     embedded: int
-    # UTC, whatever the database session's time zone.
+    # Memory Status: UTC, whatever the database session's time zone.
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    # The kind of failure as the runner recorded it (never content), for failed builds.
+    # The kind of failure as the runner recorded it (never content); Memory Status keeps
+    # it for failed builds only.
     error: str | None
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,17 @@ from flask_login import current_user, login_required
 from dashboard.extensions import db
 from dashboard.memory.requests import RateLimited, request_user_update
 from dashboard.memory.status import embedder_model_name, memory_status
+from dashboard.plans.sentences import GUEST_INVITATION
 from dashboard.plans.services import resolve_build_sources
 
 bp = Blueprint("memory", __name__, url_prefix="/memory")
 
 
 @bp.route("/status")
-@login_required
 def status():
-    """The Memory Status page (§4). Guests are sent to sign in by ``login_required``;
-    their invitation lives on the home page and in the chat."""
+    """The Memory Status page (§4); a guest sees the invitation instead."""
+    if not current_user.is_authenticated:
+        return render_template("memory/guest.html", invitation=GUEST_INVITATION)
     # The request's cached plan: the chat notice on this page resolves the same one.
     resolution = resolve_build_sources(current_user)
     page = memory_status(db.session, current_user, resolution=resolution,

@@ -10,14 +10,15 @@ from __future__ import annotations
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
-from werkzeug.exceptions import NotFound
 from wtforms import StringField
 
 from dashboard.extensions import db
+from dashboard.forms import save_form
+from dashboard.ids import owned_or_404
 from dashboard.orbitpilot import profile_services as services
-from dashboard.orbitpilot.profile_services import MAX_KEY, MAX_VALUE, FactNotFound, ProfileError
-from dashboard.plans.sentences import state_sentence
-from dashboard.plans.services import resolve_build_sources
+from dashboard.orbitpilot.models import ProfileFact
+from dashboard.orbitpilot.profile_services import MAX_KEY, MAX_VALUE
+from dashboard.plans.sentences import source_sentence
 from dashboard.sources import PROFILE
 
 bp = Blueprint("profile", __name__, url_prefix="/profile")
@@ -31,25 +32,15 @@ class FactForm(FlaskForm):
     value = StringField("Value", render_kw={"maxlength": MAX_VALUE, "placeholder": "Lyon"})
 
 
-def _owned(raw_id: object):
-    try:
-        return services.get_fact(db.session, user_id=current_user.id,
-                                 fact_id=services.parse_id(raw_id))
-    except FactNotFound:
-        raise NotFound(NOT_FOUND) from None
+def _owned(raw_id: object) -> ProfileFact:
+    return owned_or_404(db.session, ProfileFact, raw_id, current_user.id, NOT_FOUND)
 
 
 def _render_index(form: FactForm, status: int = 200):
     facts = services.list_facts(db.session, user_id=current_user.id)
-    resolution = resolve_build_sources(current_user)
-    source = resolution.get(PROFILE)
+    source, sentence = source_sentence(current_user, PROFILE)
     return render_template("profile/index.html", form=form, facts=facts, source=source,
-                           sentence=state_sentence(source, resolution),
-                           max_facts=services.MAX_FACTS), status
-
-
-def _field_error(form: FactForm, exc: ProfileError) -> None:
-    getattr(form, exc.field, form.key).errors.append(str(exc))
+                           sentence=sentence, max_facts=services.MAX_FACTS), status
 
 
 @bp.route("/", methods=["GET", "POST"])
@@ -59,17 +50,11 @@ def index():
     form = FactForm()
     if request.method == "GET":
         return _render_index(form)
-    if form.validate_on_submit():
-        try:
-            services.add_fact(db.session, user_id=current_user.id, key=form.key.data or "",
-                              value=form.value.data or "")
-        except ProfileError as exc:
-            _field_error(form, exc)
-        else:
-            db.session.commit()
-            flash("Fact added to your profile.", "success")
-            return redirect(url_for("profile.index"))
-    return _render_index(form, 400)
+    saved = save_form(form, lambda: services.add_fact(
+        db.session, user_id=current_user.id, key=form.key.data or "",
+        value=form.value.data or ""), saved="Fact added to your profile.",
+        endpoint="profile.index")
+    return saved if saved is not None else _render_index(form, 400)
 
 
 @bp.route("/edit/", methods=["GET", "POST"])
@@ -79,16 +64,11 @@ def edit():
     fact_id = fact.id
     form = FactForm(obj=fact)
     if request.method == "POST":
-        if form.validate_on_submit():
-            try:
-                services.update_fact(db.session, fact, key=form.key.data or "",
-                                     value=form.value.data or "")
-            except ProfileError as exc:
-                _field_error(form, exc)
-            else:
-                db.session.commit()
-                flash("Fact updated.", "success")
-                return redirect(url_for("profile.index"))
+        saved = save_form(form, lambda: services.update_fact(
+            db.session, fact, key=form.key.data or "", value=form.value.data or ""),
+            saved="Fact updated.", endpoint="profile.index")
+        if saved is not None:
+            return saved
         return render_template("profile/edit.html", form=form, fact_id=fact_id), 400
     return render_template("profile/edit.html", form=form, fact_id=fact_id)
 

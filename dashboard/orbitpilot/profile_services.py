@@ -13,12 +13,12 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from dashboard.forms import FieldError
 from dashboard.orbitpilot.models import ProfileFact
 
 MAX_KEY = 64  # the column's length
 MAX_VALUE = 1_000
 MAX_FACTS = 100
-MAX_ID = 2**31 - 1
 UNIQUE_KEY_CONSTRAINT = "uq_profile_facts_user_id_key"
 
 # A letter or digit first, then letters, digits, spaces and . ' - _ ("preferred language",
@@ -29,24 +29,8 @@ KEY_RULE = ("Start the key with a letter or digit, and use only letters, digits,
             "and . ' - _ in it.")
 
 
-class ProfileError(ValueError):
+class ProfileError(FieldError):
     """A fact refused, with the form field it is about."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
-
-
-class FactNotFound(LookupError):
-    """No such fact for this owner (someone else's reads the same as none at all)."""
-
-
-def parse_id(raw: object) -> int | None:
-    """A positive id that could exist, from a form or query value; ``None`` otherwise."""
-    if not isinstance(raw, str) or not raw.isascii() or not raw.isdigit():
-        return None
-    value = int(raw)
-    return value if 1 <= value <= MAX_ID else None
 
 
 def normalise_key(key: str) -> str:
@@ -95,17 +79,6 @@ def list_facts(session: Session, *, user_id: int) -> list[ProfileFact]:
         select(ProfileFact).where(ProfileFact.user_id == user_id)
         .order_by(ProfileFact.key).limit(MAX_FACTS)
     ))
-
-
-def get_fact(session: Session, *, user_id: int, fact_id: int | None) -> ProfileFact:
-    if fact_id is None or not 1 <= fact_id <= MAX_ID:
-        raise FactNotFound
-    fact = session.scalars(
-        select(ProfileFact).where(ProfileFact.id == fact_id, ProfileFact.user_id == user_id)
-    ).first()
-    if fact is None:
-        raise FactNotFound
-    return fact
 
 
 def add_fact(session: Session, *, user_id: int, key: str, value: str) -> ProfileFact:

@@ -18,6 +18,7 @@ from dashboard.audit.services import Actor, changes, record_event
 from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_TITLE as BLINK_MAX_TITLE
 from dashboard.blinks.services import BlinkError, create_blink
+from dashboard.ids import find_owned
 from dashboard.memory.embedders import Embedder
 from dashboard.memory.requests import BuildRequest, request_build
 from dashboard.memory.search import search_memory
@@ -41,8 +42,6 @@ DOCK_MESSAGES = 4
 # few turns, each cut short. It is what the responder sees of a guest, nothing more.
 GUEST_MAX_TURNS = 6
 GUEST_TURN_CHARS = 300
-# PostgreSQL's integer: a bigger id names no row (and must not reach the database).
-MAX_ID = 2**31 - 1
 
 NOT_REMEMBERED_LABEL = "Not remembered"
 REMEMBERED_LABEL = "Remembered"
@@ -175,26 +174,10 @@ def list_conversations(session: Session, user_id: int,
     return [ConversationSummary(*row) for row in rows]
 
 
-def valid_id(raw: Any) -> int | None:
-    """An id from a form or URL, or None when it cannot name a row."""
-    try:
-        value = int(str(raw).strip())
-    except (TypeError, ValueError):
-        return None
-    return value if 0 < value <= MAX_ID else None
-
-
 def get_conversation(session: Session, user_id: int, conversation_id: Any, *,
                      lock: bool = False) -> Conversation:
     """The owner's conversation, or ChatNotFound (for anyone else's too)."""
-    id_ = valid_id(conversation_id)
-    if id_ is None:
-        raise ChatNotFound()
-    query = select(Conversation).where(Conversation.id == id_,
-                                       Conversation.user_id == user_id)
-    if lock:
-        query = query.with_for_update()
-    conversation = session.scalars(query).first()
+    conversation = find_owned(session, Conversation, conversation_id, user_id, lock=lock)
     if conversation is None:
         raise ChatNotFound()
     return conversation
@@ -392,14 +375,8 @@ def guest_send(stored: Any, text: Any, *, responder: Any) -> tuple[Exchange, lis
 # -- the "do not remember" flag (§5) -----------------------------------------------------
 
 def _owned_message(session: Session, user_id: int, message_id: Any) -> Message:
-    id_ = valid_id(message_id)
-    if id_ is None:
-        raise ChatNotFound("There is no such message.")
     # Locked: two taps at once flip twice, in order, each with its own audit event.
-    message = session.scalars(
-        select(Message).where(Message.id == id_, Message.user_id == user_id)
-        .with_for_update()
-    ).first()
+    message = find_owned(session, Message, message_id, user_id, lock=True)
     if message is None:
         raise ChatNotFound("There is no such message.")
     return message

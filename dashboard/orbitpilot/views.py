@@ -28,6 +28,7 @@ from sqlalchemy import inspect as sa_inspect
 
 from dashboard.errors import problem, wants_json
 from dashboard.extensions import db, login_manager
+from dashboard.ids import parse_id
 from dashboard.memory.embedders import get_embedder
 from dashboard.orbitpilot import services
 from dashboard.orbitpilot.responder import DEFAULT_MEMORY_K, DEFAULT_RESPONDER, load_responder
@@ -172,7 +173,7 @@ def end(conversation_id: str | None = None):
     except ChatError as exc:
         return _refuse(exc)
     db.session.commit()
-    id_ = services.valid_id(conversation_id)
+    id_ = parse_id(conversation_id)
     if _json_requested():
         return jsonify(conversation_id=id_, status="ended",
                        build_requested=build is not None)

@@ -9,7 +9,14 @@ which keep their capitals wherever they stand."""
 
 from __future__ import annotations
 
-from dashboard.plans.services import Resolution, SourceResolution, SourceState
+from typing import Any
+
+from dashboard.plans.services import (
+    Resolution,
+    SourceResolution,
+    SourceState,
+    resolve_build_sources,
+)
 from dashboard.sources import get_source
 
 CHAT_REMEMBERED = "Conversations are remembered so I can help you better"
@@ -70,3 +77,11 @@ def state_sentence(source: SourceResolution, resolution: Resolution) -> str:
     # Off by default and no plan row: phrased so no verb has to agree with the label
     # ("your profile is", "saved memories are").
     return f"Not remembered on the {plan} plan: an administrator has not switched on {label}."
+
+
+def source_sentence(user: Any, key: str) -> tuple[SourceResolution, str]:
+    """One source's state for ``user`` and its sentence, as a page about that source
+    shows them (the plan: one query per request, shared with the chat notice)."""
+    resolution = resolve_build_sources(user)
+    source = resolution.get(key)
+    return source, state_sentence(source, resolution)

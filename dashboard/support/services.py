@@ -12,16 +12,16 @@ user's build history, the plan report a handful whatever the number of plans.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
+from dashboard.ids import INT4_MAX, parse_id
 from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memory.status import BuildSummary
 from dashboard.plans.impact import plan_rows
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import (
@@ -31,12 +31,8 @@ from dashboard.plans.services import (
 )
 from dashboard.sources import SOURCES, get_source
 
-# users.id is a PostgreSQL integer: a larger number is no user, and sending it would make
-# the database refuse the statement rather than answer "none".
-MAX_USER_ID = 2**31 - 1
 MAX_EMAIL_LENGTH = 254
 HISTORY_LIMIT = 20
-_USER_ID = re.compile(r"^[0-9]{1,19}$")
 
 # The state column for a source the last build's snapshot does not mention (the source
 # was added to the registry after that build).
@@ -75,32 +71,10 @@ class SourceTrace:
 
 
 @dataclass(frozen=True)
-class BuildRow:
-    id: int
-    mode: str
-    trigger: str
-    status: str
-    added: int
-    removed: int
-    kept: int
-    embedded: int
-    created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
-    error: str | None
-
-    @property
-    def duration_seconds(self) -> float | None:
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return (self.finished_at - self.started_at).total_seconds()
-
-
-@dataclass(frozen=True)
 class LastBuild:
     """The last succeeded build and what its resolution snapshot recorded."""
 
-    build: BuildRow
+    build: BuildSummary
     plan_id: int | None
     plan_slug: str | None
     cap: int | None
@@ -125,18 +99,16 @@ class UserTrace:
     other_chunks: tuple[tuple[str, int], ...]
     total_chunks: int
     last_build: LastBuild | None
-    pending: BuildRow | None  # the queued request, if any
-    running: BuildRow | None
-    history: tuple[BuildRow, ...]  # the latest HISTORY_LIMIT builds, newest first
+    pending: BuildSummary | None  # the queued request, if any
+    running: BuildSummary | None
+    history: tuple[BuildSummary, ...]  # the latest HISTORY_LIMIT builds, newest first
 
 
 def find_user_id(session: Session, query: str) -> int | None:
     """The id of the user ``query`` names — a user id, or an email (any case) — or None."""
     text = query.strip()
-    if _USER_ID.match(text):
-        user_id = int(text)
-        if not 0 < user_id <= MAX_USER_ID:
-            return None
+    user_id = parse_id(text)  # digits past users.id's integer: no user (and no email)
+    if user_id is not None:
         return session.scalar(select(User.id).where(User.id == user_id))
     if "@" not in text or len(text) > MAX_EMAIL_LENGTH:
         return None
@@ -144,8 +116,9 @@ def find_user_id(session: Session, query: str) -> int | None:
     return session.scalar(select(User.id).where(User.email == text.lower()))
 
 
-def _build_row(build: MemoryBuild) -> BuildRow:
-    return BuildRow(
+def _build_row(build: MemoryBuild) -> BuildSummary:
+    # As stored: the database session's time zone, and any status's error.
+    return BuildSummary(
         id=build.id, mode=build.mode, trigger=build.trigger, status=build.status,
         added=build.added, removed=build.removed, kept=build.kept, embedded=build.embedded,
         created_at=build.created_at, started_at=build.started_at,
@@ -205,7 +178,7 @@ def _builds(session: Session, user_id: int) -> tuple[list[MemoryBuild], MemoryBu
 
 def user_trace(session: Session, user_id: int) -> UserTrace | None:
     """The full resolution trace of one user, or None when there is no such user."""
-    if not 0 < user_id <= MAX_USER_ID:
+    if not 0 < user_id <= INT4_MAX:
         return None
     # A fresh read (populate_existing): a long-lived session must not show a plan the
     # user has since left.

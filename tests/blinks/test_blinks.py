@@ -4,29 +4,21 @@ memory") as a plain form and as JSON; owner-only; escaped; every change requests
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from dashboard.blinks import services
 from dashboard.blinks.models import Blink
 from dashboard.blinks.services import EXCLUDED_LABEL, READS_LABEL
-from dashboard.memory.models import MemoryBuild
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
 from dashboard.sources import BLINKS
 from tests.conftest import csrf_from
-from tests.factories import make_plan, make_user
+from tests.factories import make_plan, make_user, queued_triggers, settle
 
 INDEX, EDIT, DELETE, TOGGLE = "/blinks/", "/blinks/edit/", "/blinks/delete/", "/blinks/remember/"
 SCRIPT = "<script>alert('blink')</script>"
 ESCAPED = "&lt;script&gt;alert(&#39;blink&#39;)&lt;/script&gt;"
 MALFORMED_IDS = ("abc", "-1", "0", "1.5", "", str(2**31), str(2**64), "%201", "١٢")
-
-
-@pytest.fixture
-def user(db_session, auth, queue):
-    user = make_user(db_session)
-    assert auth.login(user.email).status_code == 302
-    return user
 
 
 def blink_of(db_session, user, content="a note", title="", excluded=False) -> Blink:
@@ -35,17 +27,6 @@ def blink_of(db_session, user, content="a note", title="", excluded=False) -> Bl
     db_session.add(blink)
     db_session.flush()
     return blink
-
-
-def settle(db_session) -> None:
-    """Pretend every queued build ran, so the next change must request a new one."""
-    db_session.execute(update(MemoryBuild).where(MemoryBuild.status == "queued")
-                       .values(status="succeeded"))
-
-
-def queued_triggers(db_session, user) -> list[str]:
-    return list(db_session.scalars(select(MemoryBuild.trigger).where(
-        MemoryBuild.user_id == user.id, MemoryBuild.status == "queued")))
 
 
 def fresh(db_session, blink_id: int) -> Blink | None:

@@ -8,27 +8,19 @@ import io
 import re
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from dashboard.documents import services
 from dashboard.documents.models import Document
-from dashboard.memory.models import MemoryBuild
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
 from dashboard.sources import DOCUMENTS
 from tests.conftest import csrf_from
-from tests.factories import make_user
+from tests.factories import make_user, queued_triggers, settle
 
 INDEX, VIEW, DELETE = "/documents/", "/documents/view/", "/documents/delete/"
 SCRIPT = "<script>alert('doc')</script>"
 ESCAPED = "&lt;script&gt;alert(&#39;doc&#39;)&lt;/script&gt;"
-
-
-@pytest.fixture
-def user(db_session, auth, queue):
-    user = make_user(db_session)
-    assert auth.login(user.email).status_code == 302
-    return user
 
 
 def upload(client, data: bytes, filename: str = "notes.txt", **form):
@@ -48,16 +40,6 @@ def document_of(db_session, user, content="text", title="Doc") -> Document:
 def documents(db_session, user) -> list[Document]:
     db_session.expire_all()
     return list(db_session.scalars(select(Document).where(Document.user_id == user.id)))
-
-
-def settle(db_session) -> None:
-    db_session.execute(update(MemoryBuild).where(MemoryBuild.status == "queued")
-                       .values(status="succeeded"))
-
-
-def queued_triggers(db_session, user) -> list[str]:
-    return list(db_session.scalars(select(MemoryBuild.trigger).where(
-        MemoryBuild.user_id == user.id, MemoryBuild.status == "queued")))
 
 
 def test_guests_are_sent_to_sign_in(client):

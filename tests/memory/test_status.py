@@ -127,10 +127,17 @@ def test_each_state_has_its_sentence():
 
 # -- the page -----------------------------------------------------------------------------
 
-def test_guest_is_sent_to_sign_in(client):
+def test_a_guest_sees_the_invitation_instead(client):
+    from markupsafe import escape
+
+    from dashboard.plans.sentences import GUEST_INVITATION
+
     response = client.get("/memory/status")
-    assert response.status_code == 302
-    assert "/auth/signin" in response.headers["Location"]
+    assert response.status_code == 200
+    page = response.get_data(as_text=True)
+    assert str(escape(GUEST_INVITATION)) in page
+    assert 'href="/auth/signup"' in page
+    assert "What the next build will change" not in page
 
 
 @pytest.mark.parametrize("setup", [

@@ -398,8 +398,8 @@ def chat_state_case(db_session, monkeypatch, state: SourceState):
 @pytest.mark.parametrize("state", [SourceState.INCLUDED, SourceState.EVICTED_BY_CAP,
                                    SourceState.NOT_ASSIGNED_BY_ADMIN,
                                    SourceState.NOT_ASSIGNED_BY_DEFAULT])
-def test_one_truth_the_notice_the_honesty_note_and_memory_status_in_every_state(client, auth, db_session,
-                                                           monkeypatch, state):
+def test_one_truth_the_notice_the_honesty_note_and_memory_status_in_every_state(
+        client, auth, db_session, monkeypatch, state):
     user = chat_state_case(db_session, monkeypatch, state)
     resolution = resolve_sources(get_plan_for_user(user, db_session))
     source = resolution.get(CHAT_HISTORY)

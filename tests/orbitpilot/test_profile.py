@@ -8,29 +8,21 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import func, select, text, update
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from dashboard.extensions import db
-from dashboard.memory.models import MemoryBuild
 from dashboard.orbitpilot import profile_services as services
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
 from dashboard.sources import PROFILE
 from tests.conftest import csrf_from
-from tests.factories import make_plan, make_user
+from tests.factories import make_plan, make_user, queued_triggers, settle
 
 INDEX, EDIT, DELETE = "/profile/", "/profile/edit/", "/profile/delete/"
 SCRIPT = "<script>alert('fact')</script>"
 ESCAPED = "&lt;script&gt;alert(&#39;fact&#39;)&lt;/script&gt;"
-
-
-@pytest.fixture
-def user(db_session, auth, queue):
-    user = make_user(db_session)
-    assert auth.login(user.email).status_code == 302
-    return user
 
 
 def fact_of(db_session, user, key="city", value="Lyon") -> ProfileFact:
@@ -38,16 +30,6 @@ def fact_of(db_session, user, key="city", value="Lyon") -> ProfileFact:
     db_session.add(fact)
     db_session.flush()
     return fact
-
-
-def settle(db_session) -> None:
-    db_session.execute(update(MemoryBuild).where(MemoryBuild.status == "queued")
-                       .values(status="succeeded"))
-
-
-def queued_triggers(db_session, user) -> list[str]:
-    return list(db_session.scalars(select(MemoryBuild.trigger).where(
-        MemoryBuild.user_id == user.id, MemoryBuild.status == "queued")))
 
 
 def facts(db_session, user) -> dict[str, str]:

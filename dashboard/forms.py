@@ -1,0 +1,38 @@
+"""What the user's own pages (Blinks, profile facts, documents) do with a form the same
+way: the service validates and refuses with the field it is about; the view saves,
+commits, says so and goes back to the list, or shows the form again with the error."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flask import flash, redirect, url_for
+from flask_wtf import FlaskForm
+
+from dashboard.extensions import db
+
+
+class FieldError(ValueError):
+    """A value a service refused, with the name of the form field it is about."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def save_form(form: FlaskForm, save: Callable[[], Any], *, saved: str, endpoint: str) -> Any:
+    """A POST of ``form``: validate it (the CSRF token), then ``save()`` (a service call
+    that flushes). Saved: commit, flash ``saved`` and redirect to ``endpoint``. A
+    ``FieldError`` goes onto its field, and nothing is committed. ``None``: the caller
+    shows the form again, with a 400."""
+    if not form.validate_on_submit():
+        return None
+    try:
+        save()
+    except FieldError as exc:
+        getattr(form, exc.field).errors.append(str(exc))
+        return None
+    db.session.commit()
+    flash(saved, "success")
+    return redirect(url_for(endpoint))
