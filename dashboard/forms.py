@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 from flask import flash, redirect, url_for
 from flask_wtf import FlaskForm
@@ -36,3 +37,14 @@ def save_form(form: FlaskForm, save: Callable[[], Any], *, saved: str, endpoint:
     db.session.commit()
     flash(saved, "success")
     return redirect(url_for(endpoint))
+
+
+def same_site_path(target: str | None) -> str | None:
+    """``target`` if it is a path on this site, else ``None`` — never an open redirect
+    (``//evil``, ``/\\evil``, which browsers read as ``//evil``, a scheme) and never a
+    header injection (control characters, which ``urlsplit`` would quietly drop)."""
+    if not target or not target.startswith("/") or target.startswith("//") \
+            or "\\" in target or any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+        return None
+    parts = urlsplit(target)
+    return target if not parts.scheme and not parts.netloc else None

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
 from flask_login import current_user, login_required, login_user, logout_user
 from sqlalchemy import func
@@ -11,18 +9,14 @@ from sqlalchemy import func
 from dashboard.auth import services
 from dashboard.auth.forms import SignInForm, SignUpForm
 from dashboard.extensions import db
+from dashboard.forms import same_site_path
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 
 
 def _safe_next(target: str | None) -> str:
     """Only same-site paths: an open redirect would make sign-in a phishing tool."""
-    if target:
-        parts = urlsplit(target)
-        if not parts.scheme and not parts.netloc and target.startswith("/") \
-                and not target.startswith("//"):
-            return target
-    return url_for("main.index")
+    return same_site_path(target) or url_for("main.index")
 
 
 @bp.route("/signup", methods=["GET", "POST"])

@@ -7,8 +7,6 @@ this view commits it."""
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 from flask import Blueprint, flash, jsonify, redirect, render_template, request, url_for
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
@@ -20,7 +18,7 @@ from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_CONTENT, MAX_TITLE
 from dashboard.errors import problem
 from dashboard.extensions import db
-from dashboard.forms import save_form
+from dashboard.forms import same_site_path, save_form
 from dashboard.ids import owned_or_404
 from dashboard.plans.sentences import source_sentence
 from dashboard.sources import BLINKS
@@ -52,13 +50,8 @@ def _owned(raw_id: object) -> Blink:
 
 
 def _safe_next(target: str | None) -> str:
-    """A same-site path to return to, or the Blinks list (never an open redirect)."""
-    if target and target.startswith("/") and not target.startswith("//") \
-            and "\\" not in target:
-        parts = urlsplit(target)
-        if not parts.scheme and not parts.netloc:
-            return target
-    return url_for("blinks.index")
+    """A same-site path to return to, or the Blinks list."""
+    return same_site_path(target) or url_for("blinks.index")
 
 
 def _render_index(form: BlinkForm, status: int = 200):

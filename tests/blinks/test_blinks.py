@@ -282,7 +282,8 @@ def test_the_eye_asks_for_a_state_so_a_double_submit_lands_where_meant(client, d
 
 
 @pytest.mark.parametrize("target", ["//evil.example/", "https://evil.example/", "/\\evil",
-                                    "javascript:alert(1)"])
+                                    "javascript:alert(1)", "/\r\nX-Injected: 1",
+                                    "/\t/evil.example"])
 def test_the_eye_never_redirects_off_site(client, db_session, user, target):
     blink = blink_of(db_session, user)
     response = toggle(client, blink.id, next=target)
