@@ -8,6 +8,8 @@ turn alone requests nothing (§5: a conversation's end or idleness does).
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,8 @@ from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_s
 from dashboard.plans.services import Resolution, get_user_plan, resolve_sources
 from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, get_source
 
+log = logging.getLogger(__name__)
+
 MAX_MESSAGE_CHARS = 4000
 TITLE_CHARS = 60
 SIDEBAR_CONVERSATIONS = 50
@@ -42,6 +46,9 @@ DOCK_MESSAGES = 4
 # few turns, each cut short. It is what the responder sees of a guest, nothing more.
 GUEST_MAX_TURNS = 6
 GUEST_TURN_CHARS = 300
+# What the turns may take in the session, as JSON (escaped non-ASCII included): well under
+# the ~4 KB a browser keeps of a cookie, after signing.
+GUEST_SESSION_BYTES = 2500
 
 NOT_REMEMBERED_LABEL = "Not remembered"
 REMEMBERED_LABEL = "Remembered"
@@ -321,7 +328,11 @@ def send_message(
 
 
 def _respond(responder: Any, context: ResponderContext) -> Reply:
-    reply = responder(context)
+    try:
+        reply = responder(context)
+    except Exception as exc:  # a pluggable responder: any failure is "no answer", logged by kind
+        log.warning("responder failed: %s", type(exc).__name__)
+        raise ChatError("OrbitPilot could not answer that. Try again.", status=502) from None
     text = (reply.text or "").strip() if isinstance(reply, Reply) else ""
     if not text:
         raise ChatError("OrbitPilot could not answer that. Try again.", status=502)
@@ -367,9 +378,14 @@ def guest_send(stored: Any, text: Any, *, responder: Any) -> tuple[Exchange, lis
     reply = _respond(responder, ResponderContext(turns, (), guest=True))
     kept = [[m.role, m.content] for m in earlier]
     kept += [["user", text[:GUEST_TURN_CHARS]], ["assistant", reply.text[:GUEST_TURN_CHARS]]]
+    kept = kept[-GUEST_MAX_TURNS:]
+    # The session lives in a cookie, which browsers drop silently above about 4 KB (and
+    # non-ASCII text neither compresses nor encodes small): the oldest turns go first.
+    while len(kept) > 2 and len(json.dumps(kept)) > GUEST_SESSION_BYTES:
+        kept = kept[2:]
     exchange = Exchange(None, "", ShownMessage(None, "user", text),
                         ShownMessage(None, "assistant", reply.text), dict(reply.drew_on))
-    return exchange, kept[-GUEST_MAX_TURNS:]
+    return exchange, kept
 
 
 # -- the "do not remember" flag (§5) -----------------------------------------------------
@@ -393,22 +409,27 @@ class ToggleResult:
         return remember_label(self.not_remembered)
 
 
-def toggle_remember(session: Session, *, user: Any, message_id: Any) -> ToggleResult:
-    """Flip one of the owner's own messages between remembered and not. Writes the flag
-    and one audit event (ids and the flag's before/after, never the text); the build it
-    changes is requested by ``memory.changes`` and takes effect then, not now."""
+def toggle_remember(session: Session, *, user: Any, message_id: Any,
+                    not_remembered: bool | None = None) -> ToggleResult:
+    """Flip one of the owner's own messages between remembered and not — or set it to
+    ``not_remembered`` when given (a form sends the state it shows, so a double submit
+    lands where the person meant). Writes the flag and one audit event (ids and the
+    flag's before/after, never the text) when it changes; the build it changes is
+    requested by ``memory.changes`` and takes effect then, not now."""
     message = _owned_message(session, user.id, message_id)
     if message.role != "user":
         raise ChatError("Only your own messages can be marked. OrbitPilot's replies follow "
                         "the message they answer.")
     before = bool(message.not_remembered)
-    message.not_remembered = not before
+    after = (not before) if not_remembered is None else not_remembered
+    if after == before:
+        return ToggleResult(message.id, message.conversation_id, after)
+    message.not_remembered = after
     session.flush()
     record_event(session, action=REMEMBER_TOGGLE_ACTION, actor=Actor.of(user),
                  owner_id=user.id, target_type="message", target_id=message.id,
-                 details=changes({"not_remembered": before},
-                                 {"not_remembered": not before}))
-    return ToggleResult(message.id, message.conversation_id, not before)
+                 details=changes({"not_remembered": before}, {"not_remembered": after}))
+    return ToggleResult(message.id, message.conversation_id, after)
 
 
 # -- Catch: a reply saved as a Blink -----------------------------------------------------

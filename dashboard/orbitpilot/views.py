@@ -278,9 +278,13 @@ def orbitpilot_toggle_remember():
     """Flip "do not remember" on one of the user's own messages (§5)."""
     if not current_user.is_authenticated:
         return _guest_refused()
+    wanted = request.form.get("not_remembered")
+    if wanted not in (None, "0", "1"):
+        return _refuse(ChatError("“not_remembered” must be 1 or 0 when given."))
     try:
-        result = services.toggle_remember(db.session, user=current_user,
-                                          message_id=request.form.get("message_id"))
+        result = services.toggle_remember(
+            db.session, user=current_user, message_id=request.form.get("message_id"),
+            not_remembered=None if wanted is None else wanted == "1")
     except ChatError as exc:
         return _refuse(exc)
     db.session.commit()

@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from markupsafe import escape
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from dashboard.blinks.services import create_blink
 from dashboard.memory import queue as build_queue
 from dashboard.memory import requests as build_requests
 from dashboard.memory.embedders import HashingEmbedder
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.sentences import in_sentence, state_sentence
@@ -401,3 +401,16 @@ def test_query_count_does_not_grow_with_builds_chunks_or_sources(client, db_sess
     # another surface on every page, adds its own (1). The user comes from the test
     # session's identity map; in production Flask-Login adds one.
     assert len(big) == 13, "\n".join(big)
+
+
+def test_chunks_of_a_source_no_longer_offered_are_shown_and_counted_as_removals(
+        client, db_session, auth):
+    user = signed_in(db_session, auth, plan=make_plan(db_session, cap=4))
+    create_blink(db_session, user_id=user.id, title="", content="a Blink")
+    build_now(db_session, user)
+    db_session.execute(update(MemoryChunk).where(MemoryChunk.user_id == user.id)
+                       .values(source_key="retired.source"))
+    db_session.flush()
+    html = status_page(client)
+    assert attr(row(html, "sources", "other"), "data-chunks") == "1"
+    assert attr(row(html, "next-build", "other"), "data-remove") == "1"

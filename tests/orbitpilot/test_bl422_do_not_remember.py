@@ -442,3 +442,22 @@ class SU101Q1SourceCapFindingTests:
         make_conversation(db_session, user, PAIRS)
         build(db_session, user, "quick", embedder)
         assert chat_chunks(db_session, user.id) == {}
+
+
+def test_a_double_submit_of_the_form_lands_where_the_person_meant(client, db_session,
+                                                                   signed_in):
+    """The form sends the state it shows; pressing twice (no script, a slow page) does not
+    flip the message back. Without the field the endpoint flips, as before."""
+    _, messages = make_conversation(db_session, signed_in, [("mine", "reply")])
+    asked = messages[0]
+    for _ in range(2):
+        response = client.post(TOGGLE, data={"message_id": asked.id, "not_remembered": "1",
+                                              "csrf_token": token(client)})
+        assert response.status_code == 303
+    assert fresh_message(db_session, asked.id).not_remembered is True
+    events = db_session.scalars(select(AuditEvent).where(
+        AuditEvent.target_type == "message", AuditEvent.target_id == str(asked.id))).all()
+    assert len(events) == 1  # the second press changed nothing, so recorded nothing
+    response = client.post(TOGGLE, data={"message_id": asked.id, "not_remembered": "maybe",
+                                          "csrf_token": token(client)})
+    assert response.status_code == 400

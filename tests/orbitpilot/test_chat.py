@@ -672,3 +672,33 @@ def test_ending_by_a_form_field_is_the_same(client, signed_in, db_session):
     assert db_session.get(Conversation, conversation_id).status == "ended"
     response = client.post("/orbitpilot/end", data={"csrf_token": token(client)})
     assert response.status_code == 404
+
+
+def test_a_guests_session_stays_small_with_text_that_does_not_compress(client):
+    """Random characters outside ASCII: the cookie stays within what a browser keeps, the
+    latest turns kept and the oldest dropped."""
+    import random
+
+    rng = random.Random(7)
+    for n in range(6):
+        text = "".join(chr(rng.randrange(0x20000, 0x2A6DF)) for _ in range(280)) + f" {n}"
+        response = client.post(SEND, data={"message": text, "format": "json",
+                                            "csrf_token": token(client)})
+        assert response.status_code == 201
+        cookie = next(h for h in response.headers.getlist("Set-Cookie")
+                      if h.startswith("session="))
+        assert len(cookie) < 4000
+    turns = parse(client.get(CHAT_PAGE).get_data(as_text=True)).find_all(
+        cls="op-msg-user")
+    assert turns and turns[-1].text.strip().endswith(" 5")
+
+
+def test_a_responder_that_fails_is_a_502_and_stores_nothing(client, db_session, signed_in,
+                                                           app, monkeypatch):
+    monkeypatch.setitem(app.config, "ORBITPILOT_RESPONDER",
+                        "tests.orbitpilot.recording:failing_responder")
+    before = db_session.scalar(select(func.count()).select_from(Message))
+    response = send(client, "Hello?")
+    assert response.status_code == 502
+    assert "could not answer" in response.get_json()["detail"]
+    assert db_session.scalar(select(func.count()).select_from(Message)) == before

@@ -72,6 +72,9 @@
     }
     message.classList.toggle("op-flagged", notRemembered);
     message.setAttribute("data-not-remembered", notRemembered ? "true" : "false");
+    // The next press asks for the other state.
+    var wanted = message.querySelector("[data-op-action=remember] [data-op-wanted]");
+    if (wanted) { wanted.value = notRemembered ? "0" : "1"; }
   }
 
   function onRemember(form) {
