@@ -121,12 +121,6 @@ def make_user(app, pairs: int) -> int:
              "reply_to_id": question_ids[n]}
             for n, (conv, index) in enumerate(turns)
         ])
-        # A long-time user's history is weeks old, not seconds: without this, every
-        # conversation would count as "changed around the last build" (the dry run's
-        # safety margin) and be re-read, which no real user's page would do.
-        session.execute(update(Conversation).where(Conversation.user_id == user.id).values(
-            changed_at=text("clock_timestamp() - interval '30 days'"),
-            created_at=text("clock_timestamp() - interval '30 days'")))
         user_id = user.id
         session.commit()
         session.remove()

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Text, delete, exists, func, select, text
+from sqlalchemy import Integer, Text, delete, exists, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -279,25 +279,28 @@ _UNSEEN = text(
 
 def _preview_changed_chat(session: Session, user_id: int, snapshot: str,
                           stored_total: int) -> SourcePreview:
-    """Chat history re-read for the conversations written by a transaction the last
-    build could not see;
-    the chunks of a conversation that no longer exists are removals; every other stored
-    chunk is kept, as nothing it was made from has changed."""
-    # As a subquery, so the dry run costs the same three statements whatever changed.
+    """Chat history re-read for the conversations written by a transaction the last build
+    could not see; the chunks of a conversation that no longer exists are removals; every
+    other stored chunk is kept, as nothing it was made from has changed. Two statements
+    whatever changed: the changed pairs, and the stored chunks of changed or deleted
+    conversations (one pass over the user's chat chunks)."""
     changed = select(Conversation.id).where(
         Conversation.user_id == user_id, _UNSEEN.bindparams(snapshot=snapshot))
     conversation_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
-    of_chat = (MemoryChunk.user_id == user_id, MemoryChunk.source_key == CHAT_HISTORY)
-    gone = session.scalar(
-        select(func.count()).select_from(MemoryChunk).where(
-            *of_chat, ~exists().where(Conversation.id == conversation_of,
-                                      Conversation.user_id == user_id))
-    ) or 0
+    exists_still = exists().where(Conversation.id == conversation_of,
+                                  Conversation.user_id == user_id)
     fresh = fresh_chunks(extract_chat_pairs(session, user_id, changed))
-    stored = {_key(row) for row in session.execute(
+    stored, gone = set(), 0
+    for row in session.execute(
         select(MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index,
-               MemoryChunk.content_hash)
-        .where(*of_chat, conversation_of.in_(changed)))}
+               MemoryChunk.content_hash, exists_still.label("exists_still"))
+        .where(MemoryChunk.user_id == user_id, MemoryChunk.source_key == CHAT_HISTORY,
+               or_(conversation_of.in_(changed), ~exists_still))
+    ):
+        if row.exists_still:
+            stored.add(_key(row))
+        else:
+            gone += 1
     added = sum(key not in stored for key in fresh)
     removed = sum(key not in fresh for key in stored)
     return SourcePreview(CHAT_HISTORY, added, removed + gone, stored_total - removed - gone)
