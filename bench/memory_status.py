@@ -191,8 +191,8 @@ def p95(times: list[float]) -> float:
 
 def bench_page(app, user_id: int, loads: int) -> tuple[float, float]:
     from dashboard.auth.models import User
+    from dashboard.memory.embedders import embedder_model_name
     from dashboard.memory.pipeline import preview_memory_build
-    from dashboard.memory.status import embedder_model_name
 
     client = signed_in(app, EMAIL)
 

@@ -104,6 +104,13 @@ _LOCK = threading.Lock()
 _FACTORIES = {"hashing": HashingEmbedder, "minilm": MiniLMEmbedder}
 
 
+def embedder_model_name(setting: str) -> str:
+    """The model name chunks are stored under for an ``EMBEDDER`` setting ("hashing" →
+    "hashing-v1"), read off the class: a page must never load a model to learn its name."""
+    factory = _FACTORIES.get(setting)
+    return factory.name if factory is not None else setting
+
+
 def get_embedder(name: str) -> Embedder:
     """One instance per process (the model loads once)."""
     if name not in _FACTORIES:

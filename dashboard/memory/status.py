@@ -120,15 +120,6 @@ _BUILD_COLUMNS = (MemoryBuild.id, MemoryBuild.mode, MemoryBuild.trigger, MemoryB
                   MemoryBuild.finished_at, MemoryBuild.error)
 
 
-def embedder_model_name(setting: str) -> str:
-    """The model name chunks are stored under for an ``EMBEDDER`` setting ("hashing" →
-    "hashing-v1"), read off the class: a page must never load a model to learn its name."""
-    from dashboard.memory import embedders
-
-    factory = embedders._FACTORIES.get(setting)  # no public lookup yet; see the report
-    return factory.name if factory is not None else setting
-
-
 def _utc(moment: datetime | None) -> datetime | None:
     return moment.astimezone(UTC) if moment is not None else None
 

@@ -6,8 +6,9 @@ from flask import Blueprint, current_app, flash, redirect, render_template, url_
 from flask_login import current_user, login_required
 
 from dashboard.extensions import db
+from dashboard.memory.embedders import embedder_model_name
 from dashboard.memory.requests import RateLimited, request_user_update
-from dashboard.memory.status import embedder_model_name, memory_status
+from dashboard.memory.status import memory_status
 from dashboard.plans.sentences import GUEST_INVITATION
 from dashboard.plans.services import resolve_build_sources
 
