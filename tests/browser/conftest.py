@@ -15,6 +15,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -49,8 +50,9 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 # -- the browser and the server -------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator:
+@contextmanager
+def chromium(*, javascript: bool = True) -> Iterator:
+    """A headless Chromium of its own (a fresh profile), quit and removed afterwards."""
     if webdriver is None:
         pytest.skip("needs selenium: install the dev extra (pip install -e '.[dev]')")
     missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
@@ -64,6 +66,9 @@ def browser() -> Iterator:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    if not javascript:
+        options.add_experimental_option(
+            "prefs", {"profile.managed_default_content_settings.javascript": 2})
     driver = webdriver.Chrome(options=options,
                               service=Service(executable_path=str(CHROMEDRIVER)))
     driver.set_page_load_timeout(30)
@@ -72,6 +77,12 @@ def browser() -> Iterator:
     finally:
         driver.quit()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator:
+    with chromium() as driver:
+        yield driver
 
 
 @pytest.fixture(scope="module")

@@ -6,10 +6,8 @@ Screenshots of the chat, Memory Status and Blinks pages go to docs/screenshots/.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,11 +17,9 @@ from sqlalchemy import select
 from dashboard.blinks.models import Blink
 from dashboard.memory.models import MemoryBuild
 from dashboard.orbitpilot.models import Message
-from tests.browser.conftest import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, Page
+from tests.browser.conftest import Page, chromium
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,22 +137,8 @@ def test_chat_eye_catch_memory_status_update_and_the_worker(page, live_app, comm
 
 @pytest.fixture
 def browser_without_js() -> Iterator:
-    profile = tempfile.mkdtemp(prefix="orbitpilot-chromium-nojs-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={profile}")
-    options.add_experimental_option(
-        "prefs", {"profile.managed_default_content_settings.javascript": 2})
-    driver = webdriver.Chrome(options=options,
-                              service=Service(executable_path=str(CHROMEDRIVER)))
-    driver.set_page_load_timeout(30)
-    try:
+    with chromium(javascript=False) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_the_eye_works_without_javascript(browser_without_js, base_url, committed,
