@@ -444,6 +444,21 @@ class ApiKeyView(AdminOnlyView):
         flash(f"Revoked {revoked} key(s)" + (f"; {len(keys) - revoked} already were."
                                              if revoked < len(keys) else "."), "success")
 
+    @action("grant_hard_delete", "Grant memory:hard_delete",
+            "Grant these keys irreversible erasure (memory:hard_delete)?")
+    def action_grant_hard_delete(self, ids: list[str]) -> None:
+        from dashboard.xmemo.keys import grant_hard_delete
+        from dashboard.xmemo.models import ApiKey
+
+        keys = db.session.scalars(select(ApiKey).where(ApiKey.id.in_(self.ids_from(ids)))
+                                  .with_for_update()).all()
+        granted = sum(grant_hard_delete(db.session, key, actor=Actor.of(current_user))
+                      for key in keys)
+        db.session.commit()
+        flash(f"Granted memory:hard_delete to {granted} key(s)"
+              + (f"; {len(keys) - granted} already had it or are revoked."
+                 if granted < len(keys) else "."), "success")
+
 
 def _duration(view: Any, context: Any, build: Any, name: str) -> str:
     if build.started_at is None or build.finished_at is None:

@@ -108,6 +108,7 @@ def get_cases(w: World) -> list[tuple[str, dict[str, int]]]:
         ("/admin/audit/details/?id=abc", staff(404)),
         ("/admin/audit/?page=abc", staff(400)),
         # The support explorer.
+        ("/settings/keys/", {"guest": 302, "user": 200, "support": 200, "admin": 200}),
         ("/support/", STAFF),
         ("/support/plans", STAFF),
         (f"/support/users/{w.user}", STAFF),
@@ -135,6 +136,8 @@ def post_cases(w: World) -> list[tuple[str, dict, dict[str, int]]]:
         ("/admin/api_keys/action/", {"action": "revoke", "rowid": str(w.key)},
          admin_only(302)),
         ("/admin/api_keys/action/", {"action": "revoke", "rowid": "abc"}, admin_only(400)),
+        ("/admin/api_keys/action/", {"action": "grant_hard_delete", "rowid": str(w.key)},
+         admin_only(302)),
         ("/admin/api_keys/delete/", {"id": str(w.key)}, admin_only(404)),
         ("/admin/assignments/preview", {"plan_id": str(w.plan), "kind": "assignment",
                                         "source_key": CHAT_HISTORY, "value": "off"},
