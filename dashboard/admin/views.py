@@ -10,7 +10,7 @@ import re
 import uuid
 from typing import Any
 
-from flask import Flask, abort, flash, g, redirect, render_template, request, url_for
+from flask import Flask, abort, flash, redirect, render_template, request, url_for
 from flask_admin import Admin, AdminIndexView, expose
 from flask_admin.actions import action
 from flask_admin.contrib.sqla import ModelView
@@ -193,10 +193,9 @@ class AdminOnlyView(StaffModelView):
 
 def _page_cache() -> dict[str, Any]:
     """Per-request data for the rows of a list page (counts computed in one query for
-    the whole page, read by the column formatters)."""
-    if "admin_page" not in g:
-        g.admin_page = {}
-    return g.admin_page
+    the whole page, read by the column formatters). In the WSGI environ, like the plan
+    cache: it lives exactly as long as the request."""
+    return request.environ.setdefault("orbitpilot.admin_page", {})
 
 
 def _labels(keys: Any) -> str:
@@ -237,7 +236,10 @@ class PlanView(AdminOnlyView):
     def _resolution(self, plan: Any) -> Any:
         from dashboard.plans.services import UserPlan, resolve_sources
 
-        return resolve_sources(UserPlan.from_plan(plan))
+        resolutions = _page_cache().setdefault("resolutions", {})
+        if plan.id not in resolutions:  # two columns show it
+            resolutions[plan.id] = resolve_sources(UserPlan.from_plan(plan))
+        return resolutions[plan.id]
 
     def _users(self, context: Any, plan: Any, name: str) -> Any:
         count = _page_cache().get("plan_users", {}).get(plan.id, 0)
