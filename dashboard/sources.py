@@ -227,11 +227,6 @@ def get_source(key: str) -> Source:
         raise KeyError(f"unknown source {key!r}; known: {', '.join(SOURCE_KEYS)}") from None
 
 
-def rank_of(key: str) -> int:
-    """1-based rank, as staff pages show it."""
-    return SOURCE_KEYS.index(get_source(key).key) + 1
-
-
 def extract(session: Session, user_id: int, source_keys: tuple[str, ...]) -> list[Record]:
     records: list[Record] = []
     for key in source_keys:

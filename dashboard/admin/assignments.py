@@ -49,9 +49,6 @@ class PlanChange:
         """What the preview's impact is computed from (compared again on Confirm)."""
         return plan_fingerprint(self.plan)
 
-    def proposed(self) -> str:
-        return str(self.cap) if self.kind == "cap" else self.value or ""
-
     def describe(self) -> str:
         if self.kind == "cap":
             return f"Set the cap of {self.plan.name} to {self.cap}"

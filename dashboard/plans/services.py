@@ -251,16 +251,6 @@ def _user_key(user: Any) -> Any:
     return user.id
 
 
-def forget_cached_plan(user: Any | None = None) -> None:
-    """Drop the request cache (after a view changes the user's plan mid-request)."""
-    if has_request_context():
-        cache = _request_cache()
-        if user is None:
-            cache.clear()
-        else:
-            cache.pop(_user_key(user), None)
-
-
 def get_effective_limits(user: Any) -> PlanLimits | None:
     plan = get_user_plan(user)
     if plan is None:
