@@ -3,7 +3,8 @@
 Both keep their data under one folder (``instance/services`` by default). Every process
 that uses them (web, worker, CLI, tests) registers its pid in ``holders.json``; the
 first one starts the servers, later ones reuse them, and the last live one to exit stops
-them. Dead pids (a SIGKILLed worker) are pruned, so a crash never pins the servers up.
+them. Dead pids (a SIGKILLed worker) are pruned, so a crash never pins the servers up;
+and a guard process stops them when the last holder died without stopping them.
 
 What makes it safe to kill at any moment:
 
@@ -88,6 +89,7 @@ class EmbeddedServices:
         self.socket_dir = _socket_dir_for(self.root)
         self.valkey_socket = self.socket_dir / "valkey.sock"
         self._holders = self.root / "holders.json"
+        self._guard_file = self.root / "guard.json"
         self._registered_pid: int | None = None
 
     def urls(self) -> EmbeddedUrls:
@@ -164,6 +166,9 @@ class EmbeddedServices:
                 self._write_holders([*others, Holder.me()])
                 self._registered_pid = os.getpid()
                 atexit.register(self.release)
+                _exit_cleanly_on_sigterm()
+            if hold and self.server_pids() and self._guard() is None:
+                self._start_guard()
         return self.urls()
 
     def release(self) -> None:
@@ -205,6 +210,57 @@ class EmbeddedServices:
     def server_pids(self) -> set[int]:
         """The postmaster's and valkey-server's pids, where they run."""
         return {pid for pid in (self._postmaster_pid(), self._valkey_pid()) if pid}
+
+    def own_pids(self) -> set[int]:
+        """The servers' pids and their guard's."""
+        guard = self.guard_pid()
+        return self.server_pids() | ({guard} if guard else set())
+
+    # -- the guard --------------------------------------------------------------
+    # A holder releases at exit, but not every holder gets to exit: the run command's
+    # supervisor killed with -9 while its children had not touched a server yet leaves
+    # no live holder to stop them. So the servers have a guard: a small process of its
+    # own session that stops them once no live holder is left.
+    def _guard(self) -> Holder | None:
+        try:
+            pid, started = json.loads(self._guard_file.read_text())
+            guard = Holder(int(pid), float(started))
+        except (OSError, ValueError, TypeError):
+            return None
+        return guard if guard.alive() else None
+
+    def guard_pid(self) -> int | None:
+        guard = self._guard()
+        return guard.pid if guard else None
+
+    def _start_guard(self) -> None:
+        import sys
+
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dashboard.embedded_guard", str(self.root)],
+            start_new_session=True, close_fds=True, stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _guards.append(process)  # never collected mid-run: Popen warns if it is
+        tmp = self._guard_file.with_name(f".guard.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([process.pid, _process_start(process.pid)]))
+        tmp.replace(self._guard_file)
+
+    def guard(self, every: float = 1.0) -> None:
+        """The guard's loop: returns once the servers are stopped (by it, when no live
+        holder is left, or by anyone else)."""
+        while True:
+            time.sleep(every)
+            with self._locked():
+                current = self._guard()
+                if current is not None and current.pid != os.getpid():
+                    return  # replaced (this one was thought dead): one guard is enough
+                if not self.server_pids():
+                    return
+                if self._read_holders():
+                    continue
+                self._write_holders([])
+                self._stop_all()
+                return
 
     def _prepare_socket_dir(self) -> None:
         """Make the socket folder ours (0700), refusing one someone else made: under the
@@ -595,6 +651,23 @@ def die_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
         os._exit(1)
 
 
+def _terminated(signum: int, frame: Any) -> None:  # noqa: ARG001
+    raise SystemExit(128 + signum)
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    """A holder must reach its atexit release, but SIGTERM's default action ends the
+    process without it: a worker told to stop (its supervisor killed, PR_SET_PDEATHSIG)
+    while still setting up would leave the servers running for nobody. So SIGTERM
+    becomes SystemExit here — until the process installs a handler of its own (RQ and
+    gunicorn do, and theirs exit through atexit too)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _terminated)
+
+
 def become_subreaper() -> None:
     """Orphaned descendants (a work horse whose worker died) are re-parented to this
     process rather than to init, so it can still find and stop them."""
@@ -696,6 +769,7 @@ def _adopt(conn: Any, name: str, owner: str) -> None:
 
 
 _services: dict[Path, EmbeddedServices] = {}
+_guards: list[subprocess.Popen] = []
 
 
 def get_services(root: Path | str) -> EmbeddedServices:

@@ -170,7 +170,7 @@ def main() -> int:
         state["stopping"] = True  # from here a signal only shortens the grace period
         _say("stopping")
         stop_children(children, grace=GRACE_SECONDS, hurry=lambda: len(requests) > 1)
-        stop_orphans(keep=binding.services.server_pids() if binding is not None else set())
+        stop_orphans(keep=binding.services.own_pids() if binding is not None else set())
         if binding is not None:
             binding.services.release()
             left = binding.services.holders()

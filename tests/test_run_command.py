@@ -122,3 +122,16 @@ def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down(runs):
     again.wait_serving()
     again.signal_group(signal.SIGTERM)
     again.proc.wait(timeout=15)
+
+
+def test_kill_9_of_the_run_command_while_its_worker_sets_up_leaves_nothing_running(runs):
+    # The only holder of the servers is then the killed process itself: the worker has
+    # not touched them yet, the web server has served nothing. Their guard stops them.
+    run = runs()
+    assert wait_until(lambda: "==> web on" in run.output() or run.proc.poll() is not None,
+                      timeout=180, every=0.05), run.output()[-3000:]
+    time.sleep(1.0)
+    os.kill(run.proc.pid, signal.SIGKILL)
+    run.proc.wait(timeout=10)
+    assert wait_until(lambda: run.left_behind() == [], timeout=30), \
+        [p.cmdline() for p in run.left_behind()]

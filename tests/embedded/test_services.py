@@ -13,6 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
 import pytest
 import redis
@@ -123,6 +124,49 @@ def test_a_killed_holder_is_pruned_and_does_not_keep_the_servers_up(tmp_path):
     services.release()
     assert services.status()["postgres"] == "stopped"
     assert servers_of(root) == []
+
+
+def test_the_guard_stops_the_servers_once_the_last_holder_was_killed_outright(tmp_path):
+    # kill -9 runs no atexit release: without the guard they would run for nobody.
+    root = tmp_path / "services"
+    proc = start_holder(root)
+    assert proc.stdout.readline().strip() == "up"
+    services = EmbeddedServices(root)
+    guard = services.guard_pid()
+    assert guard is not None and len(servers_of(root)) == 2
+    proc.kill()
+    proc.wait()
+    assert wait_until(lambda: servers_of(root) == [], timeout=20)
+    assert wait_until(lambda: not psutil.pid_exists(guard) or
+                      psutil.Process(guard).status() == psutil.STATUS_ZOMBIE, timeout=10)
+
+
+def test_the_guard_leaves_servers_alone_while_a_holder_lives(tmp_path):
+    root = tmp_path / "services"
+    services = EmbeddedServices(root)
+    services.ensure()
+    try:
+        proc = start_holder(root)
+        assert proc.stdout.readline().strip() == "up"
+        proc.kill()
+        proc.wait()
+        time.sleep(2.5)  # two of the guard's rounds
+        status = services.status()
+        assert (status["postgres"], status["valkey"]) == ("running", "running")
+        assert services.guard_pid() is not None
+    finally:
+        services.release()
+    assert servers_of(root) == []
+
+
+def test_sigterm_to_a_holder_still_setting_up_ends_it_through_its_release(tmp_path):
+    # SIGTERM's default action skips atexit; a holder turns it into SystemExit instead.
+    root = tmp_path / "services"
+    proc = start_holder(root)
+    assert proc.stdout.readline().strip() == "up"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM  # exited, not killed by it
+    assert servers_of(root) == []  # its release stopped them, not the guard later
 
 
 def test_stop_refuses_while_another_process_holds_them_unless_forced(tmp_path):
