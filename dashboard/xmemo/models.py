@@ -5,6 +5,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -13,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
@@ -86,6 +89,8 @@ class ForgetMarker(db.Model):
         CheckConstraint(f"mode IN {FORGET_MODES!r}", name="mode"),
         Index("ix_forget_markers_owner_id_created_at", "owner_id", "created_at"),
         Index("ix_forget_markers_memory_id", "memory_id"),
+        Index("ix_forget_markers_vacuum_pending", "id",
+              postgresql_where=text("vacuum_due AND vacuumed_at IS NULL")),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -97,6 +102,16 @@ class ForgetMarker(db.Model):
     actor_id: Mapped[str] = mapped_column(String(64))
     version: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = created_at_column()
+    # The erasure receipt: the states it moved between, what it removed (counts), the
+    # audit event recording it, and — for redactions and hard deletes — when a VACUUM of
+    # the memory tables ran after it (dead row versions gone from tables and indexes).
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str | None] = mapped_column(String(16))
+    removed_versions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    removed_chunks: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    audit_event_id: Mapped[int | None] = mapped_column(BigInteger)
+    vacuum_due: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    vacuumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class ApiKey(db.Model):
