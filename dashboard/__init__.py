@@ -136,10 +136,11 @@ def init_blueprints(app: Flask) -> None:
     from dashboard.orbitpilot.profile import bp as profile_bp
     from dashboard.orbitpilot.views import bp as orbitpilot_bp
     from dashboard.views import bp as main_bp
+    from dashboard.xmemo.pages import bp as memories_bp
     from dashboard.xmemo.views import bp as keys_bp
 
     for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
-                      documents_bp, keys_bp):
+                      documents_bp, keys_bp, memories_bp):
         app.register_blueprint(blueprint)
 
 

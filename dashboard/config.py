@@ -106,6 +106,9 @@ def build_settings() -> dict[str, Any]:
         "DOCUMENT_MAX_BYTES": _env("DOCUMENT_MAX_BYTES", 1024 * 1024, int),
         # How often a worker writes the audit chain's head down as a checkpoint (0: never).
         "AUDIT_CHECKPOINT_SECONDS": _env("AUDIT_CHECKPOINT_SECONDS", 3600, int),
+        # How often a worker VACUUMs the memory tables when redactions or hard deletes
+        # wait for it (their erasure receipts record when it ran; 0: never).
+        "ERASURE_VACUUM_SECONDS": _env("ERASURE_VACUUM_SECONDS", 300, int),
         # The schedule treats a change stamped up to this long before a build read its
         # inputs as possibly missed (a stamp is its writer's transaction start).
         "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),

@@ -501,6 +501,33 @@ class BuildView(ReadOnlyView):
         return super().get_query().options(joinedload(MemoryBuild.user))
 
 
+class ForgetMarkerView(ReadOnlyView):
+    """Every forget, redact, hard delete and restore (§8): ids, states, counts and the
+    audit event — never content. The reason is left out too: it is free text the owner
+    or their client typed, and staff pages show no text a user wrote."""
+
+    column_list = ("id", "created_at", "mode", "memory_id", "owner.email", "actor_type",
+                   "actor_id", "from_status", "to_status", "version", "removed_versions",
+                   "removed_chunks", "audit_event_id", "vacuum_due", "vacuumed_at")
+    column_details_list = ("id", "created_at", "mode", "memory_id", "owner_id", "owner.email",
+                           "actor_type", "actor_id", "from_status", "to_status", "version",
+                           "removed_versions", "removed_chunks", "audit_event_id",
+                           "vacuum_due", "vacuumed_at")
+    column_labels = {"owner.email": "Owner", "removed_versions": "Versions removed",
+                     "removed_chunks": "Chunks removed", "audit_event_id": "Audit event"}
+    column_sortable_list = ("id", "created_at")
+    column_filters = ("mode", "owner_id", "owner.email", "actor_type", "vacuumed_at",
+                      "created_at")
+    named_filter_urls = True
+    column_default_sort = ("id", True)
+    simple_list_pager = True
+
+    def get_query(self) -> Any:
+        from dashboard.xmemo.models import ForgetMarker
+
+        return super().get_query().options(joinedload(ForgetMarker.owner))
+
+
 # Flask-Admin writes two kinds of inline handler, which the app's CSP refuses (and
 # Chromium reports even when nothing runs them): an action menu item runs
 # ``modelActions.execute('<name>')``, a filter menu item returns false. Rewritten here into
@@ -529,7 +556,7 @@ def init_admin(app: Flask) -> Admin:
     from dashboard.plans.models import Plan
     from dashboard.security import csp_nonce
     from dashboard.support.views import SupportView
-    from dashboard.xmemo.models import ApiKey
+    from dashboard.xmemo.models import ApiKey, ForgetMarker
 
     admin = Admin(
         app,
@@ -546,6 +573,8 @@ def init_admin(app: Flask) -> Admin:
     admin.add_view(ApiKeyView(ApiKey, db, name="API keys", endpoint="api_keys"))
     admin.add_view(BuildView(MemoryBuild, db, name="Builds", endpoint="builds"))
     admin.add_view(AuditEventView(AuditEvent, db, name="Audit log", endpoint="audit"))
+    admin.add_view(ForgetMarkerView(ForgetMarker, db, name="Erasure markers",
+                                    endpoint="markers"))
     admin.add_view(SupportView(name="Support", endpoint="support", url="/support"))
     app.after_request(without_inline_handlers)
     return admin

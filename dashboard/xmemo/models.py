@@ -113,6 +113,8 @@ class ForgetMarker(db.Model):
     vacuum_due: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     vacuumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
+    owner: Mapped[User] = relationship(foreign_keys=[owner_id])
+
 
 class ApiKey(db.Model):
     """Shown once at creation; stored as a prefix (for lookup) and a hash (for comparison)."""

@@ -31,6 +31,7 @@ from dashboard.plans.editing import set_assignment, set_cap
 from dashboard.sources import CHAT_HISTORY, SAVED
 from dashboard.xmemo.keys import revoke_key
 from dashboard.xmemo.models import ApiKey, Memory
+from dashboard.xmemo.services import forget_memory
 from tests.conftest import csrf_from
 from tests.factories import make_conversation, make_plan, make_user
 
@@ -73,6 +74,15 @@ def canary_world(db_session):
     set_assignment(db_session, plan, SAVED, "off", actor=SYSTEM)
     set_cap(db_session, plan, 4, actor=SYSTEM)
     revoke_key(db_session, key, actor=SYSTEM)
+    # Erasures whose reason and replacement text carry the canary: the markers pages
+    # show neither.
+    forgotten = Memory(owner_id=owner.id, content=f"{canary} to forget", source="codex")
+    db_session.add(forgotten)
+    db_session.flush()
+    forget_memory(db_session, owner.id, forgotten.id, mode="soft_delete", actor=SYSTEM,
+                  reason=f"{canary} reason")
+    forget_memory(db_session, owner.id, forgotten.id, mode="redact", actor=SYSTEM,
+                  reason=f"{canary} reason", replacement_content=f"{canary} replacement")
     for role in ("support", "admin"):
         make_user(db_session, role=role, email=f"canary-{role}@example.test")
     db_session.commit()
@@ -121,7 +131,8 @@ def test_no_staff_page_and_no_audit_event_holds_content(client, auth, db_session
         "/admin/audit/export/csv/",
         f"/admin/user/details/?id={owner.id}", f"/admin/user/?search={owner.email}",
         f"/admin/plan/details/?id={plan.id}", "/admin/api_keys/",
-        "/admin/assignments/",
+        "/admin/assignments/", "/admin/markers/",
+        f"/admin/markers/?flt0_owner_id_equals={owner.id}",
     ]
     pages = crawl(client, starts)
     if role == "admin":
@@ -138,6 +149,7 @@ def test_no_staff_page_and_no_audit_event_holds_content(client, auth, db_session
     assert owner.email in pages[f"/support/users/{owner.id}"]
     assert any("/admin/audit/details/?id=" in path for path in pages)
     assert any("/admin/builds/details/?id=" in path for path in pages)
+    assert any("/admin/markers/details/?id=" in path for path in pages)
 
     events = db_session.scalars(select(AuditEvent)).all()
     assert {"build.request", "assignment.set", "plan.cap", "api_key.revoke"} <= {

@@ -107,6 +107,12 @@ def get_cases(w: World) -> list[tuple[str, dict[str, int]]]:
         (f"/admin/audit/edit/?id={w.event}", staff(404)),
         ("/admin/audit/details/?id=abc", staff(404)),
         ("/admin/audit/?page=abc", staff(400)),
+        ("/admin/markers/", STAFF),
+        ("/admin/markers/?flt0_mode_equals=redact", STAFF),
+        ("/admin/markers/?flt0_owner_id_equals=abc", staff(400)),
+        ("/admin/markers/new/", staff(404)),
+        ("/admin/markers/details/?id=abc", staff(404)),
+        ("/admin/markers/export/csv/", staff(404)),
         # The support explorer.
         ("/settings/keys/", {"guest": 302, "user": 200, "support": 200, "admin": 200}),
         ("/support/", STAFF),

@@ -6,10 +6,7 @@ Screenshots of the chat, Memory Status and Blinks pages go to docs/screenshots/.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from sqlalchemy import select
@@ -18,27 +15,12 @@ from dashboard.blinks.models import Blink
 from dashboard.memory.models import MemoryBuild
 from dashboard.orbitpilot.models import Message
 from tests.browser.conftest import Page, chromium
+from tests.workers import run_worker
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 CHAT = "orbitpilot.chat_history"
-
-
-def run_worker(live_app) -> str:
-    """A real worker process (``flask worker --burst``) on the live app's database and
-    queue: it runs what is queued, then exits."""
-    import os
-
-    env = dict(os.environ)
-    env.update(FLASK_APP="wsgi.py", DATABASE_URL=live_app.config["SQLALCHEMY_DATABASE_URI"],
-               REDIS_URL=live_app.config["REDIS_URL"], BUILD_QUEUE=live_app.config["BUILD_QUEUE"],
-               EMBEDDER="hashing")
-    done = subprocess.run([sys.executable, "-m", "flask", "worker", "--burst"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout + done.stderr
 
 
 def builds_of(session, user_id: int) -> list[MemoryBuild]:
