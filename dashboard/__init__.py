@@ -47,6 +47,7 @@ def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     init_extensions(app)
     init_blueprints(app)
     init_security(app)
+    init_api(app)
     init_admin(app)
     init_cli(app)
     init_templates(app)
@@ -126,6 +127,12 @@ def init_security(app: Flask) -> None:
     from dashboard.security import init_security as _init_security
 
     _init_security(app)
+
+
+def init_api(app: Flask) -> None:
+    from dashboard.xmemo.api import init_api as _init_api
+
+    _init_api(app)
 
 
 def init_blueprints(app: Flask) -> None:

@@ -23,6 +23,7 @@ def register_cli(app: Flask) -> None:
     app.cli.add_command(worker_command)
     app.cli.add_command(builds_group)
     app.cli.add_command(audit_group)
+    app.cli.add_command(memories_group)
 
 
 @click.group("services", help="The embedded PostgreSQL and Valkey servers.")
@@ -257,3 +258,23 @@ def audit_checkpoint() -> None:
         click.echo("No new events since the last checkpoint.")
     else:
         click.echo(f"Checkpoint at seq {checkpoint.seq}: {checkpoint.hash}")
+
+
+@click.group("memories", help="Saved memories: upkeep of their erasure receipts.")
+def memories_group() -> None:
+    pass
+
+
+@memories_group.command("vacuum")
+@with_appcontext
+def memories_vacuum() -> None:
+    """VACUUM the memory tables now if redactions or hard deletes wait for it, and record
+    it on their erasure receipts (workers also do this periodically). Exit status 1 when
+    the database refused the VACUUM."""
+    from dashboard.xmemo.erasure import vacuum_after_erasures
+
+    db.session.commit()  # nothing of ours open while the VACUUM runs
+    result = vacuum_after_erasures(db.session)
+    click.echo(result.describe())
+    if result.refused:
+        raise SystemExit(1)

@@ -64,6 +64,8 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         # Failed sign-ins allowed per account and per client address (limits syntax).
         "SIGNIN_LIMIT_PER_ACCOUNT": _env("SIGNIN_LIMIT_PER_ACCOUNT", "5/minute;20/hour"),
         "SIGNIN_LIMIT_PER_CLIENT": _env("SIGNIN_LIMIT_PER_CLIENT", "20/minute;100/hour"),
+        # Calls to the memory API (/v1) allowed per API key, or per client without one.
+        "API_RATE_LIMIT": _env("API_RATE_LIMIT", "300 per minute"),
         # Proxies in front of the app that set X-Forwarded-For/-Proto (0: none). Behind a
         # proxy, set it, or every client shares the proxy's address for sign-in throttling.
         "TRUSTED_PROXIES": _env("TRUSTED_PROXIES", 0, int),

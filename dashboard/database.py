@@ -14,6 +14,10 @@ from sqlalchemy.engine import Connection, make_url
 
 # Tables the app may only read and append to.
 APPEND_ONLY_TABLES = ("audit_events", "audit_checkpoints")
+# Tables the app VACUUMs after redactions and hard deletes (xmemo.erasure): MAINTAIN on
+# these alone, PostgreSQL 17+ (before that only an owner may VACUUM a table).
+VACUUMED_TABLES = ("memories", "memory_versions", "memory_chunks")
+MAINTAIN_SINCE = 170000  # server_version_num
 
 
 def normalise_database_url(url: str) -> str:
@@ -45,5 +49,12 @@ def grant_app_privileges(connection: Connection, role: str) -> None:
     statements += [f"REVOKE UPDATE, DELETE ON {table} FROM {quoted}"
                    for table in APPEND_ONLY_TABLES
                    if connection.dialect.has_table(connection, table)]
+    server = int(connection.scalar(text("SELECT current_setting('server_version_num')")))
+    if server >= MAINTAIN_SINCE:
+        statements.append(f"REVOKE MAINTAIN ON ALL TABLES IN SCHEMA public FROM {quoted}")
+        vacuumed = [table for table in VACUUMED_TABLES
+                    if connection.dialect.has_table(connection, table)]
+        if vacuumed:
+            statements.append(f"GRANT MAINTAIN ON TABLE {', '.join(vacuumed)} TO {quoted}")
     for statement in statements:
         connection.execute(text(statement))

@@ -12,7 +12,7 @@ log = logging.getLogger(__name__)
 
 
 def wants_json() -> bool:
-    if request.path.startswith("/v1/"):
+    if request.path == "/v1" or request.path.startswith("/v1/"):
         return True
     best = request.accept_mimetypes.best_match(["text/html", "application/json"])
     return best == "application/json" and request.accept_mimetypes[best] > \

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or bytes "
               "that are not UTF-8). Remove them and try again.")
+TOO_DEEP = "The JSON body is nested too deeply to read."
 
 
 # -- input ---------------------------------------------------------------------------------
@@ -59,6 +60,8 @@ def reject_unreadable_input() -> None:
             abort(400, UNREADABLE)
     except (UnicodeDecodeError, ValueError):
         abort(400, UNREADABLE)
+    except RecursionError:  # JSON nested thousands deep: no view could read it either
+        abort(400, TOO_DEEP)
     if any("\x00" in t for t in texts):
         abort(400, UNREADABLE)
 

@@ -24,6 +24,9 @@ import time
 from contextlib import suppress
 
 GRACE_SECONDS = 8.0
+# gunicorn's default logs the request line, query string included (a page's filters, a
+# key someone put in an API URL): the path only, and no referrer.
+ACCESS_LOG_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
 
 
 def _say(message: str) -> None:
@@ -145,7 +148,8 @@ def main() -> int:
         children.append(_spawn([
             sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}",
             "--workers", web_workers, "--threads", "4", "--graceful-timeout", "5",
-            "--access-logfile", "-", "--no-control-socket", "wsgi:app",
+            "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
+            "--no-control-socket", "wsgi:app",
         ]))
         while True:
             for child in children:

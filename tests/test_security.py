@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from dashboard import create_app
 from dashboard.auth.models import User
 from dashboard.plans.models import Plan
-from dashboard.security import UNREADABLE
+from dashboard.security import TOO_DEEP, UNREADABLE
 from tests.conftest import csrf_from, make_test_config
 from tests.factories import PASSWORD, make_plan, make_user
 
@@ -89,6 +89,13 @@ def test_a_nul_in_json_is_refused_before_any_view_sees_it(client):
     response = client.post("/auth/signin", data=json.dumps({"email": "a\u0000b"}),
                            content_type="application/json")
     assert response.status_code == 400
+
+
+def test_json_nested_past_the_parser_is_a_400_on_any_endpoint(client):
+    response = client.post("/auth/signin", data="[" * 100_000,
+                           content_type="application/json")
+    assert response.status_code == 400
+    assert TOO_DEEP in response.get_data(as_text=True)
 
 
 def test_healthz_reports_each_component(client):

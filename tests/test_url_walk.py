@@ -42,7 +42,9 @@ QUERIES = (
 # Values for a filter of every kind the list has: strings, numbers out of range, lists.
 FILTER_VALUES = ("abc", BIG, INT4, "-1", "", f"1,abc,{BIG}")
 # Rule arguments other than files: one plausible value each, then malformed ones.
-PLAUSIBLE_ARGS = {"export_type": ("csv", "xlsx")}
+PLAUSIBLE_ARGS = {"export_type": ("csv", "xlsx"),
+                  # Well-formed, but nobody's: the "not among yours" path of each view.
+                  "memory_id": ("6f1c1a3e-4d7b-4b55-9a65-0c2f3f5d8e11",)}
 MALFORMED_ARGS = ("abc", BIG, "-1", "..%2F..%2Fpyproject.toml", "%00", "%FF%FE")
 # File serving: path traversal and NUL only.
 FILE_PATHS = ("../pyproject.toml", "%2e%2e/%2e%2e/pyproject.toml", "..%2F..%2Fpyproject.toml",
@@ -200,7 +202,7 @@ def post_cases(app, world: World) -> Iterator[Case]:
         if "POST" not in rule.methods:
             continue
         valid = world.id_for(rule.endpoint)
-        path = url_for(rule.endpoint)
+        path = next(_paths(rule))  # a plausible path (arguments filled in)
         for query in ("", "id=abc", f"id={BIG}", "id=-1", "url=//evil.example",
                       f"id={valid}&url=//evil.example"):
             yield Case("POST", rule.endpoint, f"{path}?{query}" if query else path)

@@ -33,6 +33,7 @@ from dashboard.memory.runner import fail_running
 from dashboard.plans.models import Plan
 from dashboard.plans.services import effective_plan_id
 from dashboard.sources import SOURCES
+from dashboard.xmemo.erasure import vacuum_after_erasures
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,13 @@ def claim_lease(session: Session, task: str, every_seconds: float, holder: str =
     return won
 
 
+def _erasure_vacuum(session: Session, config: Any) -> object:
+    # End the session's transaction first: the VACUUM runs on a connection of its own, and
+    # a snapshot held here would keep back the very row versions it is meant to remove.
+    session.commit()
+    return vacuum_after_erasures(session)
+
+
 @dataclass(frozen=True)
 class PeriodicTask:
     name: str
@@ -222,6 +230,7 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
                  lambda session, config: request_scheduled_builds(session)),
     PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS",
                  lambda session, config: checkpoint_chain(session)),
+    PeriodicTask("erasure_vacuum", "ERASURE_VACUUM_SECONDS", _erasure_vacuum),
 )
 
 

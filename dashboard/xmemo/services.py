@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor, record_event
+from dashboard.ids import INT4_MAX, parse_id
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import lock_user
 from dashboard.memory.requests import BuildRequest, request_build
@@ -99,6 +101,21 @@ GONE = "This memory was permanently deleted; only its erasure record remains."
 
 # -- validation ----------------------------------------------------------------------------
 
+# A JSON escape of NUL: ``\u0000`` after an even number of backslashes (``\\u0000`` is a
+# backslash followed by the text "u0000", which is fine).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _is_utf8(text: str) -> bool:
+    # A lone surrogate ("\ud800" in a JSON body) is a valid Python string but not text
+    # PostgreSQL can store: sending it would fail the statement (a 500, not a 422).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_content(content: object, field: str = "content") -> str:
     if not isinstance(content, str):
         raise InvalidMemoryInput(f"{field} must be a string.", field)
@@ -108,6 +125,9 @@ def check_content(content: object, field: str = "content") -> str:
         raise InvalidMemoryInput(f"{field} is longer than {MAX_CONTENT:,} characters.", field)
     if "\x00" in content:
         raise InvalidMemoryInput(f"{field} must not contain NUL characters.", field)
+    if not _is_utf8(content):
+        raise InvalidMemoryInput(f"{field} must be valid Unicode text (no lone surrogates).",
+                                 field)
     return content
 
 
@@ -117,14 +137,18 @@ def check_metadata(metadata: object) -> dict[str, Any]:
     if not isinstance(metadata, Mapping):
         raise InvalidMemoryInput("metadata must be a JSON object.", "metadata")
     try:
-        encoded = json.dumps(metadata, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidMemoryInput("metadata must be plain JSON (no NaN or infinity).",
-                                 "metadata") from exc
+        encoded = json.dumps(metadata, separators=(",", ":"), allow_nan=False,
+                             ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidMemoryInput("metadata must be plain JSON (no NaN or infinity, not "
+                                 "nested hundreds deep).", "metadata") from exc
+    if not _is_utf8(encoded):  # jsonb refuses an unpaired surrogate escape too
+        raise InvalidMemoryInput("metadata must be valid Unicode text (no lone surrogates).",
+                                 "metadata")
     if len(encoded.encode()) > MAX_METADATA_BYTES:
         raise InvalidMemoryInput(f"metadata is larger than {MAX_METADATA_BYTES:,} bytes.",
                                  "metadata")
-    if "\\u0000" in encoded:  # PostgreSQL's jsonb refuses NUL in strings
+    if _JSON_NUL.search(encoded):  # PostgreSQL's jsonb refuses NUL in strings
         raise InvalidMemoryInput("metadata must not contain NUL characters.", "metadata")
     return json.loads(encoded)
 
@@ -141,9 +165,9 @@ def check_reason(reason: object) -> str:
         return ""
     if not isinstance(reason, str):
         raise InvalidMemoryInput("reason must be a string.", "reason")
-    if len(reason) > MAX_REASON or "\x00" in reason:
-        raise InvalidMemoryInput(f"reason must be at most {MAX_REASON} characters, "
-                                 "without NUL.", "reason")
+    if len(reason) > MAX_REASON or "\x00" in reason or not _is_utf8(reason):
+        raise InvalidMemoryInput(f"reason must be at most {MAX_REASON} characters of "
+                                 "text, without NUL.", "reason")
     return reason.strip()
 
 
@@ -184,7 +208,9 @@ def find_memory(session: Session, owner_id: int, memory_id: object, *,
         raise MemoryNotFound(NOT_FOUND)
     query = select(Memory).where(Memory.id == parsed, Memory.owner_id == owner_id)
     if lock:
-        query = query.with_for_update()
+        # populate_existing: the row as locked now, not the copy an earlier read in this
+        # session left in the identity map (a forget that raced must see the state it lost to).
+        query = query.with_for_update().execution_options(populate_existing=True)
     memory = session.scalars(query).first()
     if memory is not None:
         return memory
@@ -213,7 +239,8 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         if at.tzinfo is None:
             raise ValueError
         return at, uuid.UUID(id_)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, AttributeError,
+            RecursionError):  # a JSON number for the id, JSON nested past the stack
         raise InvalidMemoryInput("cursor is not one this API gave out.", "cursor") from None
 
 
@@ -298,11 +325,17 @@ def _snapshot(session: Session, memory: Memory) -> None:
 def update_memory(session: Session, memory: Memory, *, content: object = None,
                   metadata: object = None, actor: Actor) -> tuple[Memory, BuildRequest]:
     """Change content and/or metadata of an active memory: the previous version is
-    snapshotted, the version goes up by one, and a quick update is requested."""
+    snapshotted, the version goes up by one, and a quick update is requested.
+
+    A content change takes the old content's chunks away at once, under the build lock
+    as a forget does: an edit that takes sensitive text out must not leave it recallable
+    until the next build. The new content is recalled from that build on."""
     if content is None and metadata is None:
         raise InvalidMemoryInput("Give content, metadata or both.")
     new_content = check_content(content) if content is not None else None
     new_metadata = check_metadata(metadata) if metadata is not None else None
+    if new_content is not None:
+        lock_user(session, memory.owner_id)
     session.refresh(memory, with_for_update=True)
     if memory.status != "active":
         raise MemoryConflict(f"Only an active memory can be changed; this one is "
@@ -312,6 +345,8 @@ def update_memory(session: Session, memory: Memory, *, content: object = None,
                if value is not None and value != now]
     _snapshot(session, memory)
     before = memory.version
+    if new_content is not None and new_content != memory.content:
+        _delete_chunks(session, memory)
     if new_content is not None:
         memory.content = new_content
     if new_metadata is not None:
@@ -374,13 +409,11 @@ def receipt_of(session: Session, marker: ForgetMarker) -> Receipt:
 
 def find_receipt(session: Session, owner_id: int, marker_id: object) -> Receipt:
     """The owner's erasure receipt ``marker_id`` (404 alike for someone else's)."""
-    try:
-        id_ = int(str(marker_id))
-    except ValueError:
-        raise MemoryNotFound("There is no such erasure receipt among yours.") from None
+    # ASCII digits within the integer column only: "١", "1_0" or 2**40 name no marker.
+    id_ = marker_id if type(marker_id) is int else parse_id(str(marker_id))
     marker = session.scalars(select(ForgetMarker).where(
         ForgetMarker.id == id_, ForgetMarker.owner_id == owner_id)).first() \
-        if 0 < id_ < 2**63 else None
+        if id_ is not None and 0 < id_ <= INT4_MAX else None
     if marker is None:
         raise MemoryNotFound("There is no such erasure receipt among yours.")
     return receipt_of(session, marker)
