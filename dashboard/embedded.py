@@ -240,7 +240,10 @@ class EmbeddedServices:
             [sys.executable, "-m", "dashboard.embedded_guard", str(self.root)],
             start_new_session=True, close_fds=True, stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _guards.append(process)  # never collected mid-run: Popen warns if it is
+        # Kept (Popen warns when collected while its process runs); the ones that ended
+        # are reaped here, so a long-lived starter collects no zombies.
+        _guards[:] = [guard for guard in _guards if guard.poll() is None]
+        _guards.append(process)
         tmp = self._guard_file.with_name(f".guard.{os.getpid()}.tmp")
         tmp.write_text(json.dumps([process.pid, _process_start(process.pid)]))
         tmp.replace(self._guard_file)
@@ -254,12 +257,15 @@ class EmbeddedServices:
                 current = self._guard()
                 if current is not None and current.pid != os.getpid():
                     return  # replaced (this one was thought dead): one guard is enough
-                if not self.server_pids():
-                    return
-                if self._read_holders():
+                if self.server_pids() and self._read_holders():
                     continue
-                self._write_holders([])
-                self._stop_all()
+                if self.server_pids():
+                    self._write_holders([])
+                    self._stop_all()
+                # Leaving: an ensure from now on starts a new guard rather than count on
+                # this one (still alive for a moment after it let go of the lock).
+                with suppress(FileNotFoundError):
+                    self._guard_file.unlink()
                 return
 
     def _prepare_socket_dir(self) -> None:

@@ -1,12 +1,15 @@
 """The memory API (§7): ``/v1/memories`` for clients holding an ``X-API-Key``.
 
-A call passes, in this order: the input guard (NUL, not UTF-8: 400) and the per-key rate
-limit (429), both app-wide hooks; then ``_authenticate`` below — a key in the URL (400,
-never used), no live key (401), the route's scope (403), the body's media type (415) and
-JSON (400); then spectree's validation of the query and body (422); then the view, whose
-service checks the mode's scope where the body names it (403), the target among the key
-owner's memories (404, the same answer for someone else's and for none) and its state
-(409; 410 once hard-deleted). Every refusal is ``application/problem+json``.
+A call passes, in this order: the input guard (NUL, not UTF-8: 400) and the rate limit
+(429: per live key, else per client address), both app-wide hooks; then
+``_authenticate`` below — a key in the URL (400, never used), no live key (401), the
+route's scope (403), the body's media type (415) and JSON (400); then spectree's
+validation of the query and body (422); then the view, whose service checks the mode's
+scope where the body names it (403), the target among the key owner's memories (404, the
+same answer for someone else's and for none) and its state (409; 410 once hard-deleted).
+Ids in the path are plain strings the services parse, so a malformed id without a key is
+a 401 like any other call, and with one a 404 like an unknown id. Every refusal is
+``application/problem+json``.
 
 The OpenAPI document (``/v1/openapi.json``) is spectree's, written from these route
 declarations and the models in ``schemas.py``. Responses are checked against their models
@@ -22,9 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -42,7 +43,7 @@ from dashboard.extensions import db
 from dashboard.memory.embedders import get_embedder
 from dashboard.memory.requests import BuildRequest
 from dashboard.xmemo import services
-from dashboard.xmemo.keys import KEY_PREFIX, authenticate_key
+from dashboard.xmemo.keys import authenticate_key
 from dashboard.xmemo.models import ApiKey
 from dashboard.xmemo.schemas import (
     DeleteOut,
@@ -74,9 +75,6 @@ READ, WRITE = "memory:read", "memory:write"
 RESTORE = services.SCOPE_FOR_MODE["restore"]
 # Query parameters a client might put a key in (compared lower-cased, "-" as "_").
 KEY_PARAMETERS = frozenset({"api_key", "apikey", "key", "x_api_key", "token", "access_token"})
-# The shape of a key (keys.py): the first 15 characters are its public prefix.
-_KEY_SHAPE = re.compile(rf"{KEY_PREFIX}[0-9a-f]{{12}}_[A-Za-z0-9_-]{{43}}")
-_KEY_PREFIX_LENGTH = len(KEY_PREFIX) + 12
 _ENVIRON_KEY = "orbitpilot.api_key"
 
 UNAUTHORIZED = (f"Send a live API key in the {HEADER} header (create one on "
@@ -301,17 +299,32 @@ def _read_body(view: str) -> None:
                       errors=[{"field": "body", "detail": "must be a JSON object"}])
 
 
+_NO_KEY = object()  # authenticated once per request: no live key in the header
+
+
+def current_key() -> ApiKey | None:
+    """The live key in this request's X-API-Key header, authenticated once per request
+    (the rate limit, which runs first, counts by it). Its last use is committed at once:
+    a key that only probes (refused ids, missing scopes) must not look unused."""
+    found = request.environ.get(_ENVIRON_KEY)
+    if found is None:
+        found = authenticate_key(db.session, request.headers.get(HEADER)) or _NO_KEY
+        if found is not _NO_KEY:
+            db.session.commit()
+        request.environ[_ENVIRON_KEY] = found
+    return None if found is _NO_KEY else found
+
+
 @bp.before_request
 def _authenticate() -> None:
     _refuse_key_in_url()
     view = (request.endpoint or "").rpartition(".")[2]
     if view not in _SCOPE:
         return  # the document is public
-    key = authenticate_key(db.session, request.headers.get(HEADER))
+    key = current_key()
     if key is None:
         raise Problem(401, "Unauthorized", UNAUTHORIZED,
                       headers={"WWW-Authenticate": "ApiKey"})
-    request.environ[_ENVIRON_KEY] = key
     scope = _SCOPE[view]
     if scope is not None and scope not in key.scopes:
         raise Problem(403, "Missing scope", f"This API key lacks the {scope} scope this "
@@ -327,15 +340,19 @@ def _no_store(response):
 
 
 def rate_limit_key() -> str:
-    """Calls are counted per key (by its public prefix), else per client address."""
-    raw = request.headers.get(HEADER, "")
-    if _KEY_SHAPE.fullmatch(raw):
-        return "key:" + raw[:_KEY_PREFIX_LENGTH]
+    """Calls with a live key are counted per key; every other call (no key, a forged or
+    revoked one) per client address. Never by the key's public prefix alone: anyone
+    could then spend someone else's allowance, or rotate prefixes to escape counting."""
+    key = current_key() if not _is_document() else None
+    if key is not None:
+        return f"key:{key.id}"
     return "address:" + get_remote_address()
 
 
 def _key() -> ApiKey:
-    return request.environ[_ENVIRON_KEY]
+    key = current_key()
+    assert key is not None  # _authenticate refused the call otherwise
+    return key
 
 
 def _actor(key: ApiKey) -> Actor:
@@ -425,10 +442,10 @@ def export_memories() -> ApiResult:
     return payload, 200, {"Content-Disposition": f"attachment; filename={name}"}
 
 
-@_route("/memories/<uuid:memory_id>", "GET", scope=READ)
+@_route("/memories/<memory_id>", "GET", scope=READ)
 @spec.validate(resp=Responses(200, MemoryOut, *ALWAYS, *TARGET),
                operation_id="get_memory", tags=MEMORIES)
-def get_memory(memory_id: uuid.UUID) -> ApiResult:
+def get_memory(memory_id: str) -> ApiResult:
     """Read one memory (needs memory:read); 410 once it was hard-deleted."""
     memory = services.find_memory(db.session, _key().owner_id, memory_id)
     payload = services.memory_dict(memory)
@@ -436,10 +453,10 @@ def get_memory(memory_id: uuid.UUID) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<uuid:memory_id>", "PATCH", scope=WRITE, body=True)
+@_route("/memories/<memory_id>", "PATCH", scope=WRITE, body=True)
 @spec.validate(json=MemoryPatch, resp=Responses(200, MemoryOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="update_memory", tags=MEMORIES)
-def update_memory(memory_id: uuid.UUID) -> ApiResult:
+def update_memory(memory_id: str) -> ApiResult:
     """Change an active memory's content and/or metadata (needs memory:write): the
     previous version is kept as a snapshot, the version goes up by one."""
     body: MemoryPatch = request.context.json
@@ -457,10 +474,10 @@ def update_memory(memory_id: uuid.UUID) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<uuid:memory_id>", "DELETE", scope=None)
+@_route("/memories/<memory_id>", "DELETE", scope=None)
 @spec.validate(query=DeleteQuery, resp=Responses(200, DeleteOut, *ALWAYS, *TARGET, 409, 422),
                operation_id="delete_memory", tags=MEMORIES)
-def delete_memory(memory_id: uuid.UUID) -> ApiResult:
+def delete_memory(memory_id: str) -> ApiResult:
     """Forget a memory; mode soft_delete (the default, needs memory:delete), redact
     (memory:redact) or hard_delete (memory:hard_delete). Returns the erasure receipt."""
     query: DeleteQuery = request.context.query
@@ -472,11 +489,11 @@ def delete_memory(memory_id: uuid.UUID) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<uuid:memory_id>/forget", "POST", scope=None, body=True)
+@_route("/memories/<memory_id>/forget", "POST", scope=None, body=True)
 @spec.validate(json=MemoryForgetRequest,
                resp=Responses(200, ForgetOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="forget_memory", tags=MEMORIES)
-def forget_memory(memory_id: uuid.UUID) -> ApiResult:
+def forget_memory(memory_id: str) -> ApiResult:
     """Forget a memory, with a reason, a redaction's replacement text or new metadata.
 
     soft_delete needs memory:delete and can be restored; redact needs memory:redact and
@@ -495,11 +512,11 @@ def forget_memory(memory_id: uuid.UUID) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<uuid:memory_id>/restore", "POST", scope=RESTORE, body=False)
+@_route("/memories/<memory_id>/restore", "POST", scope=RESTORE, body=False)
 @spec.validate(json=MemoryRestoreRequest,
                resp=Responses(200, RestoreOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="restore_memory", tags=MEMORIES)
-def restore_memory(memory_id: uuid.UUID) -> ApiResult:
+def restore_memory(memory_id: str) -> ApiResult:
     """Undo a soft delete (needs memory:delete); the body is optional. A redacted memory
     cannot be restored (409); a hard-deleted one is gone (410)."""
     body: MemoryRestoreRequest = request.context.json or MemoryRestoreRequest()
@@ -514,10 +531,10 @@ def restore_memory(memory_id: uuid.UUID) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<uuid:memory_id>/receipts", "GET", scope=READ)
+@_route("/memories/<memory_id>/receipts", "GET", scope=READ)
 @spec.validate(resp=Responses(200, ReceiptList, *ALWAYS, 404),
                operation_id="list_memory_receipts", tags=RECEIPTS)
-def list_memory_receipts(memory_id: uuid.UUID) -> ApiResult:
+def list_memory_receipts(memory_id: str) -> ApiResult:
     """The erasure receipts of one memory, oldest first (needs memory:read); they remain
     after a hard delete."""
     owner_id = _key().owner_id
@@ -529,10 +546,10 @@ def list_memory_receipts(memory_id: uuid.UUID) -> ApiResult:
     return payload, 200
 
 
-@_route("/erasure-receipts/<int:marker_id>", "GET", scope=READ)
+@_route("/erasure-receipts/<marker_id>", "GET", scope=READ)
 @spec.validate(resp=Responses(200, ReceiptOut, *ALWAYS, 404),
                operation_id="get_erasure_receipt", tags=RECEIPTS)
-def get_erasure_receipt(marker_id: int) -> ApiResult:
+def get_erasure_receipt(marker_id: str) -> ApiResult:
     """One erasure receipt, by the marker_id a forget or restore returned (needs
     memory:read)."""
     payload = services.find_receipt(db.session, _key().owner_id, marker_id).to_dict()

@@ -18,7 +18,10 @@ say "vacuumed" only when a VACUUM really removed what its forget left behind:
   markers whose forget (the transaction that wrote the marker, ``xmin``, also wrote the
   dead versions) precedes every snapshot that could have held the VACUUM back are
   stamped: the oldest running transaction (a new snapshot starts no older), the snapshots
-  of this database's sessions, replication slots. The rest wait for a later run.
+  of this database's sessions, replication slots. The rest wait for a later run. And
+  only if VACUUM VERBOSE reported no dead version left behind on a page it could not
+  lock (another backend had it pinned): such a version may be any erasure's, so then no
+  marker is stamped.
 
 VACUUM cannot run inside a transaction block, so the job uses an autocommit connection of
 its own and never the caller's transaction (whose snapshot would hold the VACUUM back)."""
@@ -26,8 +29,10 @@ its own and never the caller's transaction (whose snapshot would hold the VACUUM
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -116,12 +121,36 @@ def _stats(conn: Connection, table: str) -> tuple[int, int]:
     return int(runs), int(dead)
 
 
-def _vacuum_table(conn: Connection, table: str) -> None:
+# VACUUM VERBOSE's report of each relation it finished: "tuples: N removed, …", and, when
+# it had to leave dead versions on pages another backend held pinned, "tuples missed: N
+# dead from M pages not removed due to cleanup lock contention".
+_FINISHED = re.compile(r"^tuples: \d+ removed", re.MULTILINE)
+_MISSED = re.compile(r"^tuples missed: (\d+) dead", re.MULTILINE)
+
+
+def _vacuum_table(conn: Connection, table: str) -> int | None:
+    """VACUUM ``table`` (and its TOAST table); the dead versions it had to leave behind
+    on pages it could not lock (contention), or ``None`` when its report could not be read
+    (another message language): then nothing proves those pages were cleaned."""
     # INDEX_CLEANUP ON: by default VACUUM may skip the indexes when few pages hold dead
     # rows — exactly the case after a handful of erasures — and their entries (the chunk
     # key's content hash, the embedding in the HNSW graph) would stay behind.
     name = conn.dialect.identifier_preparer.quote(table)
-    conn.exec_driver_sql(f"VACUUM (INDEX_CLEANUP ON) {name}")
+    reports: list[str] = []
+    raw = conn.connection.driver_connection
+
+    def keep(diagnostic: Any) -> None:
+        reports.append(diagnostic.message_primary or "")
+
+    raw.add_notice_handler(keep)
+    try:
+        conn.exec_driver_sql(f"VACUUM (INDEX_CLEANUP ON, VERBOSE) {name}")
+    finally:
+        raw.remove_notice_handler(keep)
+    finished = [report for report in reports if _FINISHED.search(report)]
+    if not finished:
+        return None
+    return sum(int(count) for report in finished for count in _MISSED.findall(report))
 
 
 def _analyze_table(conn: Connection, table: str) -> None:
@@ -143,9 +172,12 @@ def vacuum_after_erasures(bind: Engine | Connection | Session | scoped_session, 
         if not markers:
             return VacuumResult(pending=0, stamped=0)
         vacuumed, refused, dead_left = [], [], {}
+        missed: int | None = 0
         for table in VACUUMED_TABLES:
             runs_before, _ = _stats(conn, table)
-            _vacuum_table(conn, table)
+            left_on_pinned = _vacuum_table(conn, table)
+            missed = None if missed is None or left_on_pinned is None \
+                else missed + left_on_pinned
             runs_after, dead = _stats(conn, table)
             if runs_after > runs_before:
                 vacuumed.append(table)
@@ -160,12 +192,20 @@ def vacuum_after_erasures(bind: Engine | Connection | Session | scoped_session, 
                         "pending", ", ".join(refused), len(markers))
             return VacuumResult(pending=len(markers), stamped=0, vacuumed=tuple(vacuumed),
                                 refused=tuple(refused), dead_left=dead_left)
-        if any(dead_left.values()):
-            ids = [marker_id for marker_id, clear in markers if clear]
-            log.info("erasure vacuum: dead row versions remain after the VACUUM (%s)",
-                     ", ".join(f"{t} {n}" for t, n in dead_left.items() if n))
-        else:
+        if not any(dead_left.values()):
             ids = [marker_id for marker_id, _ in markers]
+        elif missed == 0:
+            # What remains is only what open snapshots may still read: the markers whose
+            # forget precedes all of them were removed.
+            ids = [marker_id for marker_id, clear in markers if clear]
+        else:
+            # Dead versions were left on pinned pages (or the report could not be read):
+            # any erasure's may be among them, so none is stamped this time.
+            ids = []
+        if dead_left and any(dead_left.values()):
+            log.info("erasure vacuum: dead row versions remain after the VACUUM (%s)%s",
+                     ", ".join(f"{t} {n}" for t, n in dead_left.items() if n),
+                     "" if missed == 0 else "; some on pages it could not lock")
         stamped = conn.execute(_STAMP, {"ids": ids, "at": now or datetime.now(UTC)}
                                ).rowcount if ids else 0
     return VacuumResult(pending=len(markers), stamped=stamped or 0, vacuumed=tuple(vacuumed),

@@ -8,9 +8,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    StringConstraints,
+    model_validator,
+)
 from pydantic.json_schema import SkipJsonSchema
 
 from dashboard.xmemo.models import MEMORY_SOURCES, MEMORY_STATUSES
@@ -29,6 +36,11 @@ Source = Literal[MEMORY_SOURCES]  # type: ignore[valid-type]
 Status = Literal[MEMORY_STATUSES]  # type: ignore[valid-type]
 ForgetMode = Literal[FORGET_MODES]  # type: ignore[valid-type]
 ReceiptMode = Literal[(*FORGET_MODES, "restore")]  # type: ignore[valid-type]
+
+# Constraints on the string itself, not on ``str | None``: on the union pydantic would
+# apply a length to a JSON null and fail with a TypeError (a 500) instead of a 422.
+Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONTENT)]
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON)]
 
 METADATA_HELP = (f"A JSON object of your own (at most {MAX_METADATA_BYTES:,} bytes as compact "
                  "JSON). Never read by OrbitPilot, never recalled.")
@@ -62,8 +74,7 @@ class MemoryCreate(_Body):
 class MemoryPatch(_Body):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
 
-    content: str | SkipJsonSchema[None] = optional(min_length=1, max_length=MAX_CONTENT,
-                                                   description="The new text.")
+    content: Text | SkipJsonSchema[None] = optional(description="The new text.")
     metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
         description="Replaces the metadata. " + METADATA_HELP)
 
@@ -83,10 +94,8 @@ class SearchRequest(_Body):
 class MemoryForgetRequest(_Body):
     mode: ForgetMode = Field(description="soft_delete (restorable), redact, or hard_delete "
                                          "(needs memory:hard_delete).")
-    reason: str | SkipJsonSchema[None] = optional(max_length=MAX_REASON,
-                                                  description=REASON_HELP)
-    replacement_content: str | SkipJsonSchema[None] = optional(
-        min_length=1, max_length=MAX_CONTENT,
+    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
+    replacement_content: Text | SkipJsonSchema[None] = optional(
         description="redact only: the text that stays instead of [REDACTED].")
     metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
         description="soft_delete and redact: replaces the metadata (redact clears it "
@@ -94,8 +103,7 @@ class MemoryForgetRequest(_Body):
 
 
 class MemoryRestoreRequest(_Body):
-    reason: str | SkipJsonSchema[None] = optional(max_length=MAX_REASON,
-                                                  description=REASON_HELP)
+    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
     metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
         description="Replaces the metadata. " + METADATA_HELP)
 
@@ -111,8 +119,7 @@ class ListQuery(BaseModel):
 class DeleteQuery(BaseModel):
     mode: ForgetMode = Field("soft_delete", description="How to forget; hard_delete needs "
                                                         "memory:hard_delete.")
-    reason: str | SkipJsonSchema[None] = optional(max_length=MAX_REASON,
-                                                  description=REASON_HELP)
+    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
 
 
 # -- responses -----------------------------------------------------------------------------

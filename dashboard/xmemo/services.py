@@ -323,7 +323,8 @@ def _snapshot(session: Session, memory: Memory) -> None:
 
 
 def update_memory(session: Session, memory: Memory, *, content: object = None,
-                  metadata: object = None, actor: Actor) -> tuple[Memory, BuildRequest]:
+                  metadata: object = None, actor: Actor
+                  ) -> tuple[Memory, BuildRequest | None]:
     """Change content and/or metadata of an active memory: the previous version is
     snapshotted, the version goes up by one, and a quick update is requested.
 
@@ -336,7 +337,8 @@ def update_memory(session: Session, memory: Memory, *, content: object = None,
     new_metadata = check_metadata(metadata) if metadata is not None else None
     if new_content is not None:
         lock_user(session, memory.owner_id)
-    session.refresh(memory, with_for_update=True)
+    # Re-read under the row lock: a hard delete that committed meanwhile is a 410.
+    memory = find_memory(session, memory.owner_id, memory.id, lock=True)
     if memory.status != "active":
         raise MemoryConflict(f"Only an active memory can be changed; this one is "
                              f"{memory.status}.")
@@ -353,11 +355,15 @@ def update_memory(session: Session, memory: Memory, *, content: object = None,
         memory.metadata_ = new_metadata
     memory.version += 1
     session.flush()
+    # Metadata is never chunked: only new content gives the next build something to do.
+    # Requested before the audit event: row writes come before the chain's lock.
+    build = _request_update(session, memory.owner_id, actor) if "content" in changed \
+        else None
     record_event(session, action="memory.update", actor=actor, owner_id=memory.owner_id,
                  target_type="memory", target_id=str(memory.id),
                  details={"changed": changed, "before": {"version": before},
                           "after": {"version": memory.version}})
-    return memory, _request_update(session, memory.owner_id, actor)
+    return memory, build
 
 
 @dataclass
@@ -398,9 +404,11 @@ class Receipt:
         }
 
 
-def receipt_of(session: Session, marker: ForgetMarker) -> Receipt:
-    audit_hash = session.scalar(select(AuditEvent.hash).where(
-        AuditEvent.id == marker.audit_event_id)) if marker.audit_event_id else None
+def receipt_of(session: Session, marker: ForgetMarker, *,
+               audit_hash: str | None = None) -> Receipt:
+    if audit_hash is None and marker.audit_event_id:
+        audit_hash = session.scalar(select(AuditEvent.hash).where(
+            AuditEvent.id == marker.audit_event_id))
     return Receipt(marker.id, str(marker.memory_id), marker.mode, marker.from_status,
                    marker.to_status, marker.version, marker.removed_versions,
                    marker.removed_chunks, marker.audit_event_id, audit_hash,
@@ -423,10 +431,12 @@ def receipts_of_memory(session: Session, owner_id: int, memory_id: object) -> li
     parsed = parse_memory_id(memory_id)
     if parsed is None:
         return []
-    markers = session.scalars(select(ForgetMarker).where(
-        ForgetMarker.memory_id == parsed, ForgetMarker.owner_id == owner_id)
+    rows = session.execute(
+        select(ForgetMarker, AuditEvent.hash)
+        .outerjoin(AuditEvent, AuditEvent.id == ForgetMarker.audit_event_id)
+        .where(ForgetMarker.memory_id == parsed, ForgetMarker.owner_id == owner_id)
         .order_by(ForgetMarker.id))
-    return [receipt_of(session, marker) for marker in markers]
+    return [receipt_of(session, marker, audit_hash=hash_) for marker, hash_ in rows]
 
 
 def _delete_chunks(session: Session, memory: Memory) -> int:
@@ -436,7 +446,16 @@ def _delete_chunks(session: Session, memory: Memory) -> int:
     return result.rowcount or 0
 
 
-def _mark(session: Session, memory: Memory, *, mode: str, reason: str, actor: Actor,
+@dataclass(frozen=True)
+class _Gone:
+    """What a marker needs of a memory that was just deleted."""
+
+    id: uuid.UUID
+    owner_id: int
+    version: int
+
+
+def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, actor: Actor,
           from_status: str, to_status: str | None, removed_versions: int = 0,
           removed_chunks: int = 0) -> ForgetMarker:
     marker = ForgetMarker(
@@ -519,11 +538,15 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
         versions = session.scalar(select(func.count()).select_from(MemoryVersion)
                                   .where(MemoryVersion.memory_id == memory.id)) or 0
         chunks = _delete_chunks(session, memory)
-        marker = _mark(session, memory, mode=mode, reason=reason, actor=actor,
-                       from_status=from_status, to_status=None,
-                       removed_versions=versions + 1, removed_chunks=chunks)
+        gone = _Gone(memory.id, memory.owner_id, memory.version)
+        # The delete (and the build request its flush makes) before the marker: every
+        # row write must come before the audit chain's lock (record_event), or two
+        # transactions can each wait for the other.
         session.delete(memory)  # its versions go with it (ON DELETE CASCADE)
         session.flush()
+        marker = _mark(session, gone, mode=mode, reason=reason, actor=actor,
+                       from_status=from_status, to_status=None,
+                       removed_versions=versions + 1, removed_chunks=chunks)
     return receipt_of(session, marker)
 
 
@@ -545,10 +568,12 @@ def restore_memory(session: Session, owner_id: int, memory_id: object, *, actor:
     if metadata is not None:
         memory.metadata_ = metadata
     memory.version += 1
+    session.flush()
+    build = _request_update(session, owner_id, actor)  # before the audit chain's lock
     marker = _mark(session, memory, mode="restore", reason=reason, actor=actor,
                    from_status="deleted", to_status="active")
     receipt = receipt_of(session, marker)
-    receipt.build = _request_update(session, owner_id, actor)
+    receipt.build = build
     return receipt
 
 

@@ -620,6 +620,71 @@ def test_over_the_limit_is_429_with_retry_after_per_key(api, client, db_session,
         assert api.get("/v1/openapi.json").status_code == 200  # the document is not limited
 
 
+def test_a_forged_key_with_someone_elses_prefix_never_spends_their_allowance(
+        api, key, monkeypatch, app, client):
+    monkeypatch.setitem(app.config, "API_RATE_LIMIT", "3 per hour")
+    forged = Api(client, key[0].prefix + "_" + "A" * 43)  # the prefix is public
+    for _ in range(3):
+        assert_problem(forged.get("/v1/memories"), 401)
+    assert api.get("/v1/memories").status_code == 200
+
+
+def test_failed_keys_are_counted_per_client_address_however_they_vary(
+        api, monkeypatch, app, client):
+    monkeypatch.setitem(app.config, "API_RATE_LIMIT", "3 per hour")
+    fakes = [f"op_{n:012x}_{'B' * 43}" for n in range(4)]
+    for fake in fakes[:3]:
+        assert_problem(Api(client, fake).get("/v1/memories"), 401)
+    assert_problem(Api(client, fakes[3]).get("/v1/memories"), 429)
+    assert api.get("/v1/memories").status_code == 200  # a live key has its own count
+
+
+@pytest.mark.parametrize("status,call", [
+    (404, lambda api: api.get(f"/v1/memories/{uuid.uuid4()}")),
+    (403, lambda api: api.post("/v1/memories", json={"content": "x"})),
+])
+def test_a_refused_call_still_records_the_keys_last_use(app, committed, queue, status,
+                                                        call):
+    """Really committed: a key that only probes (refused ids, missing scopes) must not
+    look unused."""
+    from dashboard.security import get_limiter
+
+    owner = committed.user()
+    key, raw = create_key(committed.session, owner=owner, name="probe",
+                          scopes=["memory:read"], actor=Actor.of(owner))
+    committed.session.commit()
+    with app.app_context():
+        get_limiter(app).reset()
+    assert_problem(call(Api(app.test_client(), raw)), status)
+    committed.session.expire_all()
+    assert committed.session.scalar(
+        select(ApiKey.last_used_at).where(ApiKey.id == key.id)) is not None
+
+
+@pytest.mark.parametrize("method,path", [
+    ("GET", "/v1/memories/not-a-uuid"), ("DELETE", "/v1/memories/not-a-uuid"),
+    ("PATCH", "/v1/memories/not-a-uuid"), ("GET", "/v1/erasure-receipts/abc"),
+])
+def test_a_malformed_id_is_401_without_a_key_and_404_with_one(api, client, method, path):
+    assert_problem(Api(client, None)(method, path, json={"content": "x"}), 401)
+    assert_problem(api(method, path, json={"content": "x"}), 404)
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/memories/{id}", {"content": None}),
+    ("/v1/memories/{id}/forget", {"mode": "soft_delete", "reason": None}),
+    ("/v1/memories/{id}/forget", {"mode": "redact", "replacement_content": None}),
+    ("/v1/memories/{id}/restore", {"reason": None}),
+])
+def test_a_json_null_for_an_optional_field_is_never_a_500(api, path, body):
+    memory = save(api)
+    method = "PATCH" if path.endswith("{id}") else "POST"
+    response = api(method, path.format(id=memory["id"]), json=body)
+    assert response.status_code < 500, response.get_data(as_text=True)
+    if method == "PATCH":  # null content and no metadata: nothing to change
+        assert_problem(response, 422)
+
+
 def test_api_posts_need_no_csrf_token_while_forms_do(app, api, client):
     assert app.config["WTF_CSRF_ENABLED"] is True
     assert client.post("/auth/signout").status_code == 400  # a form without its token

@@ -303,3 +303,66 @@ def test_a_forget_that_waited_for_another_sees_what_the_first_did(app, committed
     committed.session.expire_all()
     modes = [m.mode for m in markers_of(committed.session, secret_id)]
     assert modes == [first] + ([second] if refusal is None else [])
+
+
+def blocked(engine, pid: int) -> bool:
+    """Whether backend ``pid`` waits on a lock of any kind right now."""
+    with engine.connect() as probe:
+        row = probe.execute(text("SELECT wait_event_type FROM pg_stat_activity "
+                                 "WHERE pid = :pid"), {"pid": pid}).first()
+        probe.rollback()
+    return row is not None and row[0] == "Lock"
+
+
+@pytest.mark.parametrize("change", ["hard_delete", "metadata_edit"])
+def test_no_deadlock_with_a_transaction_that_requests_a_build_then_audits(app, committed,
+                                                                          change):
+    """Every row write comes before the audit chain's lock. A transaction that requests
+    the owner's build and then audits (a save, a staff rebuild) and one that forgets or
+    edits must queue behind each other, never deadlock (PostgreSQL would abort one: a
+    503 for someone)."""
+    from dashboard.audit.services import record_event
+    from dashboard.xmemo.services import update_memory
+
+    owner = committed.user()
+    memory = make_memory(committed.session, owner, KEPT)
+    committed.session.commit()
+    with app.app_context():
+        first, second = Session(db.engine), Session(db.engine)
+    errors: list[BaseException] = []
+    try:
+        request_build(first, owner.id, mode="quick", trigger="admin")  # holds the queued row
+        pid = backend_pid(second)
+
+        def other() -> None:
+            try:
+                with app.app_context():
+                    change_it()
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                errors.append(exc)
+                second.rollback()
+
+        def change_it() -> None:
+            if change == "hard_delete":
+                forget_memory(second, owner.id, memory.id, mode="hard_delete",
+                              actor=ACTOR, scopes=ALL_SCOPES)
+            else:
+                update_memory(second, find_memory(second, owner.id, memory.id),
+                              metadata={"topic": "trains"}, actor=ACTOR)
+            second.commit()
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        # The change waits on the first's queued-build row (a hard delete's flush requests
+        # a build) or, an edit of metadata only, requests none and finishes.
+        waited = wait_until(lambda: blocked(db.engine, pid), thread)
+        assert waited == (change == "hard_delete")
+        record_event(first, action="builds.request", actor=ACTOR, owner_id=owner.id,
+                     target_type="user", target_id=owner.id)
+        first.commit()
+        thread.join(JOIN)
+        assert not thread.is_alive()
+        assert errors == []
+    finally:
+        first.close()
+        second.close()
