@@ -366,3 +366,24 @@ def test_no_deadlock_with_a_transaction_that_requests_a_build_then_audits(app, c
     finally:
         first.close()
         second.close()
+
+
+def test_an_edit_of_a_memory_hard_deleted_meanwhile_is_gone_not_an_error(app, committed):
+    from dashboard.xmemo.services import update_memory
+
+    owner = committed.user()
+    memory = make_memory(committed.session, owner, KEPT)
+    committed.session.commit()
+    with app.app_context():
+        editor, eraser = Session(db.engine), Session(db.engine)
+    try:
+        seen = find_memory(editor, owner.id, memory.id)  # the edit read it: active
+        forget_memory(eraser, owner.id, memory.id, mode="hard_delete", actor=ACTOR,
+                      scopes=ALL_SCOPES)
+        eraser.commit()
+        with pytest.raises(MemoryGone):
+            update_memory(editor, seen, metadata={"topic": "trains"}, actor=ACTOR)
+    finally:
+        editor.rollback()
+        editor.close()
+        eraser.close()
