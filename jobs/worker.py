@@ -103,11 +103,14 @@ def maintenance_loop(app: Flask, stop: threading.Event, scheduler: RQScheduler |
 
 def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
                maintenance: bool = True) -> bool:
+    from dashboard.memory.embedders import preload_embedder
     from dashboard.memory.queue import get_build_queue, get_redis
     from jobs.builds import work_horse_killed
 
     worker_class = SimpleWorker if simple else ForkingWorker
     import_everything()
+    # Once per worker process, before any thread starts or any job is forked.
+    preload_embedder(app.config["EMBEDDER"])
     handler = logging.StreamHandler()
     handler.addFilter(JobIdFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(job_id)s] %(name)s: "
