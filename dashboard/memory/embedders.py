@@ -44,6 +44,23 @@ _STOPWORDS = frozenset({
 class HashingEmbedder:
     name = "hashing-v1"
     dimensions = EMBEDDING_DIMENSIONS
+    # Tokens whose hash slot is remembered (chat text repeats its words and pairs); the
+    # memo starts again when full, so a long-lived worker's memory stays bounded.
+    MEMO_SIZE = 200_000
+
+    def __init__(self) -> None:
+        self._memo: dict[str, tuple[int, float]] = {}
+
+    def _slot(self, token: str) -> tuple[int, float]:
+        """The token's index, and its sign times its share (a pair weighs half a word:
+        pairs sharpen, words decide; words never hold a space, pairs always do)."""
+        h = zlib.crc32(token.encode("utf-8"))
+        slot = (h % self.dimensions,
+                (1.0 if (h >> 16) & 1 else -1.0) * (0.5 if " " in token else 1.0))
+        if len(self._memo) >= self.MEMO_SIZE:
+            self._memo.clear()
+        self._memo[token] = slot
+        return slot
 
     def _features(self, text: str) -> dict[int, float]:
         words = [w for w in _TOKEN.findall(text.lower()) if w not in _STOPWORDS]
@@ -53,21 +70,27 @@ class HashingEmbedder:
         for left, right in zip(words, words[1:], strict=False):
             pair = f"{left} {right}"
             counts[pair] = counts.get(pair, 0) + 1
+        memo, slot_of = self._memo, self._slot
         features: dict[int, float] = {}
         for token, count in counts.items():
-            h = zlib.crc32(token.encode("utf-8"))
-            index = h % self.dimensions
-            sign = 1.0 if (h >> 16) & 1 else -1.0
-            # Pairs weigh half a word: they sharpen, words decide.
-            weight = (1.0 + math.log(count)) * (0.5 if " " in token else 1.0)
-            features[index] = features.get(index, 0.0) + sign * weight
+            index, signed = memo.get(token) or slot_of(token)
+            # (1 + log count), signed and shared: scaling by ±1 and 0.5 is exact, so the
+            # order of the products changes no bit of the result.
+            value = signed if count == 1 else signed * (1.0 + math.log(count))
+            features[index] = features.get(index, 0.0) + value
         return features
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
+        rows: list[int] = []
+        columns: list[int] = []
+        values: list[float] = []
         for row, text in enumerate(texts):
-            for index, value in self._features(text).items():
-                out[row, index] = value
+            features = self._features(text)
+            rows.extend([row] * len(features))
+            columns.extend(features)
+            values.extend(features.values())
+        out[rows, columns] = values
         norms = np.linalg.norm(out, axis=1, keepdims=True)
         norms[norms == 0] = 1.0
         return out / norms

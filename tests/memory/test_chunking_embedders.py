@@ -47,8 +47,11 @@ def test_a_worker_loads_its_embedder_once_before_it_forks_any_work_horse(app, qu
     from dashboard.memory import embedders
     from jobs.worker import run_worker
 
+    import gc
+
     loaded = []
     monkeypatch.setattr(embedders, "preload_embedder", loaded.append)
+    monkeypatch.setattr(gc, "freeze", lambda: loaded.append("gc.freeze"))
     run_worker(app, burst=True, maintenance=False)
-    assert loaded == [app.config["EMBEDDER"]]
+    assert loaded == [app.config["EMBEDDER"], "gc.freeze"]
 
