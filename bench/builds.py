@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sqlalchemy import insert, select, update  # noqa: E402
+from sqlalchemy import insert, select, text, update  # noqa: E402
 from sqlalchemy.orm import Session  # noqa: E402
 
 from bench._setup import drop_database, fresh_database, migrated_app, ms  # noqa: E402
@@ -473,7 +473,72 @@ def bench_retrieval(app, total: int, users: int, big_chunks: int, queries: int) 
                *measure(session, big_id, list(big_queries), big_truth),
                p95_target_ms=50, recall_target=0.95)
         print(f"  its plan: {hnsw_plan_line(session, big_id, big_queries[0])}")
+        print("  ef_search against recall@10 (the same statement and settings, 50 queries):")
+        for ef in (40, 100, 200, 400):
+            latencies, recalls = ef_sweep(session, big_id, big_queries[:50], big_truth, ef)
+            print(f"    ef_search {ef:>3}: recall@10 {statistics.mean(recalls):.3f} (min "
+                  f"{min(recalls):.1f})  p50 {ms(statistics.median(latencies))}  p95 "
+                  f"{ms(p95(latencies))}")
+        unstructured = unit_rows(np.random.default_rng(9).standard_normal((50, 384)))
+        latencies, recalls = ef_sweep(session, big_id, unstructured, big_truth,
+                                      HNSW_EF_SEARCH)
+        print(f"  random queries off the data's subspace: recall@10 "
+              f"{statistics.mean(recalls):.3f}  p95 {ms(p95(latencies))}")
         db.session.remove()
+
+    threshold = app.config["ANN_MIN_CHUNKS"] if big_chunks >= 100_000 else big_chunks // 4
+    edge_id = load_exact_user(app, threshold - 1)
+    with app.app_context():
+        session = db.session
+        latencies = []
+        embedder = Fixed()
+        for vector in vectors[:30]:
+            embedder.vector = vector
+            started = time.perf_counter()
+            from dashboard.memory.search import search_memory
+            search_memory(session, edge_id, "q", 10, embedder=embedder)
+            latencies.append(time.perf_counter() - started)
+            session.rollback()
+        print(f"a user of {threshold - 1:,} chunks, just below ANN_MIN_CHUNKS (exact path): "
+              f"p50 {ms(statistics.median(latencies))}  p95 {ms(p95(latencies))}")
+        db.session.remove()
+
+
+def load_exact_user(app, chunks: int) -> int:
+    (user_id,) = make_users(app, 1, "edge")
+    vectors = unit_rows(np.random.default_rng(11).standard_normal((chunks, 384)))
+    raw = raw_connection(app)
+    try:
+        conn = raw.driver_connection
+        copy_vectors(conn, ((user_id, i, vectors[i], False) for i in range(chunks)))
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("VACUUM ANALYZE memory_chunks")
+        conn.autocommit = False
+    finally:
+        raw.close()
+    return user_id
+
+
+def ef_sweep(session, user_id: int, queries, truth_of, ef: int):
+    """The approximate path's statement at another ef_search, timed alone."""
+    from dashboard.memory.models import MemoryChunk
+
+    latencies, recalls = [], []
+    for vector in queries:
+        session.execute(text(
+            "SELECT set_config('hnsw.iterative_scan', 'strict_order', true), "
+            "set_config('hnsw.ef_search', :ef, true), set_config('enable_sort', 'off', true), "
+            "set_config('enable_bitmapscan', 'off', true)"), {"ef": str(ef)})
+        distance = MemoryChunk.embedding.cosine_distance(vector)
+        started = time.perf_counter()
+        ids = session.scalars(select(MemoryChunk.id)
+                              .where(MemoryChunk.user_id == user_id, MemoryChunk.ann)
+                              .order_by(distance).limit(10)).all()
+        latencies.append(time.perf_counter() - started)
+        session.rollback()
+        recalls.append(len(set(ids) & truth_of(vector)) / 10)
+    return latencies, recalls
 
 
 def hnsw_plan_line(session, user_id: int, vector: np.ndarray) -> str:

@@ -41,18 +41,21 @@ def _columns():
 
 
 def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hit]:
-    # A scan of the user's rows (btree on user_id), then an exact sort by distance
-    # (MATERIALIZED: whatever indexes come, the planner cannot make it anything else).
-    mine = (
-        select(*_columns(), MemoryChunk.embedding)
+    # The user's rows (btree on user_id), each distance computed once, the top k kept
+    # (a top-N sort of ids and distances), then only those k rows read whole: carrying
+    # every row's content through the sort took twice as long at 50,000 chunks.
+    # MATERIALIZED: whatever indexes come, the planner cannot make it anything else.
+    distance = MemoryChunk.embedding.cosine_distance(vector).label("distance")
+    top = (
+        select(MemoryChunk.id, distance)
         .where(MemoryChunk.user_id == user_id)
-        .cte("mine").prefix_with("MATERIALIZED")
+        .order_by(distance, MemoryChunk.id).limit(k)
+        .cte("top").prefix_with("MATERIALIZED")
     )
-    distance = mine.c.embedding.cosine_distance(vector)
     rows = session.execute(
-        select(mine.c.id, mine.c.source_key, mine.c.source_id, mine.c.chunk_index,
-               mine.c.content, distance.label("distance"))
-        .order_by(distance, mine.c.id).limit(k)
+        select(*_columns(), top.c.distance)
+        .join(top, top.c.id == MemoryChunk.id)
+        .order_by(top.c.distance, top.c.id)
     ).all()
     return [Hit(*row) for row in rows]
 
