@@ -116,7 +116,9 @@ def build_settings() -> dict[str, Any]:
         "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),
         # Users per batch when an admin rebuilds a whole plan.
         "BUILD_FANOUT_BATCH": _env("BUILD_FANOUT_BATCH", 500, int),
-        # Retrieval: users with at most this many chunks get an exact scan (always k rows,
-        # recall 1.0); bigger ones use the HNSW index with iterative scans.
-        "EXACT_SCAN_MAX_CHUNKS": _env("EXACT_SCAN_MAX_CHUNKS", 50_000, int),
+        # Retrieval: a user with at least this many chunks has them in the HNSW index
+        # (the build that crosses it flips every row of the user, either way) and gets
+        # the approximate path; smaller users an exact scan (always k rows, recall 1.0),
+        # and their chunk writes pay no HNSW upkeep.
+        "ANN_MIN_CHUNKS": _env("ANN_MIN_CHUNKS", 50_000, int),
     }

@@ -8,6 +8,7 @@ per-queue lock), so it can never outlive the worker."""
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -103,11 +104,17 @@ def maintenance_loop(app: Flask, stop: threading.Event, scheduler: RQScheduler |
 
 def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
                maintenance: bool = True) -> bool:
+    from dashboard.memory.embedders import preload_embedder
     from dashboard.memory.queue import get_build_queue, get_redis
     from jobs.builds import work_horse_killed
 
     worker_class = SimpleWorker if simple else ForkingWorker
     import_everything()
+    # Once per worker process, before any thread starts or any job is forked.
+    preload_embedder(app.config["EMBEDDER"])
+    # What is loaded now lives as long as the worker: out of the collector's sight, so a
+    # work horse's full collections stay short and leave the pages it shares unwritten.
+    gc.freeze()
     handler = logging.StreamHandler()
     handler.addFilter(JobIdFilter())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s [%(job_id)s] %(name)s: "

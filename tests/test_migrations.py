@@ -52,8 +52,11 @@ def test_upgrade_creates_everything_and_downgrade_removes_it(scratch_app):
             assert conn.scalar(text("SELECT extversion FROM pg_extension "
                                     "WHERE extname = 'vector'")) >= "0.8"
             index = conn.scalar(text("SELECT indexdef FROM pg_indexes "
-                                     "WHERE indexname = 'ix_memory_chunks_embedding_hnsw'"))
-            assert "hnsw" in index and "vector_cosine_ops" in index
+                                     "WHERE indexname = 'ix_memory_chunks_embedding_ann'"))
+            # Partial: only the rows of users large enough to need it pay its upkeep.
+            assert "hnsw" in index and "vector_cosine_ops" in index and "WHERE ann" in index
+            assert conn.scalar(text("SELECT count(*) FROM pg_indexes WHERE indexdef "
+                                    "LIKE '%hnsw%'")) == 1
             assert conn.scalar(text("SELECT count(*) FROM plans WHERE is_default")) == 1
             triggers = conn.scalars(text(
                 "SELECT tgname FROM pg_trigger WHERE tgrelid = 'audit_events'::regclass "
@@ -80,6 +83,25 @@ def test_upgrade_creates_everything_and_downgrade_removes_it(scratch_app):
 
         upgrade()  # and back up again, cleanly
         assert set(inspect(db.engine).get_table_names()) >= EXPECTED_TABLES
+        db.engine.dispose()
+
+
+def test_0006_downgrade_restores_the_full_hnsw_index(scratch_app):
+    with scratch_app.app_context():
+        upgrade()
+        downgrade(revision="0005")
+        with db.engine.connect() as conn:
+            indexes = dict(conn.execute(text(
+                "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memory_chunks' "
+                "AND indexdef LIKE '%hnsw%'")).all())
+            assert list(indexes) == ["ix_memory_chunks_embedding_hnsw"]
+            assert "WHERE" not in indexes["ix_memory_chunks_embedding_hnsw"]
+            assert "ann" not in {c["name"] for c in inspect(conn).get_columns("memory_chunks")}
+        upgrade()
+        with db.engine.connect() as conn:
+            assert conn.scalar(text(
+                "SELECT indexname FROM pg_indexes WHERE indexdef LIKE '%hnsw%'")) == \
+                "ix_memory_chunks_embedding_ann"
         db.engine.dispose()
 
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 from pgvector.sqlalchemy import Vector
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     ForeignKey,
@@ -14,6 +15,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -41,12 +43,15 @@ class MemoryChunk(db.Model):
         UniqueConstraint("user_id", "source_key", "source_id", "chunk_index", "content_hash",
                          name="uq_memory_chunks_key"),
         Index("ix_memory_chunks_user_id_source_key", "user_id", "source_key"),
+        # HNSW over the rows of users large enough to need it (``ann``), and no others:
+        # every other user's rows are written at COPY speed and scanned exactly.
         Index(
-            "ix_memory_chunks_embedding_hnsw",
+            "ix_memory_chunks_embedding_ann",
             "embedding",
             postgresql_using="hnsw",
             postgresql_with={"m": 16, "ef_construction": 64},
             postgresql_ops={"embedding": "vector_cosine_ops"},
+            postgresql_where=text("ann"),
         ),
     )
 
@@ -62,6 +67,10 @@ class MemoryChunk(db.Model):
     build_id: Mapped[int | None] = mapped_column(
         ForeignKey("memory_builds.id", ondelete="SET NULL")
     )
+    # In the HNSW index: true for every row of a user with at least ANN_MIN_CHUNKS chunks,
+    # false for every row of any other user (the build that crosses the threshold flips
+    # them all, in its own transaction). Retrieval follows the flag.
+    ann: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = created_at_column()
 
 

@@ -1,23 +1,38 @@
 """``run_memory_build``: the replace semantics of §6, inside the caller's transaction.
 
 quick: delete every stored chunk whose key is not in the fresh extraction (or that was
-       embedded by another model), embed and insert only new keys, keep the rest.
-full:  delete every chunk of the user, insert the fresh extraction, reusing the stored
-       embedding of any chunk whose key and model are unchanged (embedding dominates cost).
+       embedded by another model), embed and insert only new keys, keep the rest. What
+       it compares is what the dry run compares (``compare_for_quick``): from the note of
+       the last build (``MemoryState``), chat history is re-read only for the
+       conversations a transaction that build could not see wrote; without a note,
+       everything is compared.
+full:  compare everything afresh; delete every chunk of the user and insert the fresh
+       extraction, reusing the stored embedding of any chunk whose key and model are
+       unchanged (copied inside the server). A user whose chunks are in the HNSW index
+       keeps unchanged rows in place instead: replacing them would re-insert every one
+       into the graph (~2.5 ms a row here) for the same content.
+
+Each build leaves every row of the user flagged ``ann`` (in the partial HNSW index) when
+the user ends with at least ANN_MIN_CHUNKS chunks, and unflagged otherwise; the build
+that crosses the threshold flips the rows it keeps.
 
 The caller commits: the whole swap is one transaction, so a failed build leaves the
 previous chunks exactly as they were."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, Text, delete, exists, func, or_, select, text
+from flask import current_app, has_app_context
+from sqlalchemy import Integer, Text, bindparam, delete, func, or_, select, text, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -30,7 +45,8 @@ from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, Record, extract, extrac
 
 # Namespace of the per-user advisory lock (the other half is the user id).
 BUILD_LOCK_NAMESPACE = 6_101
-DELETE_BATCH = 1000
+# The default of the ANN_MIN_CHUNKS setting (outside an app, and in migration 0006).
+DEFAULT_ANN_MIN_CHUNKS = 50_000
 
 ChunkKey = tuple[str, str, int, str]  # (source_key, source_id, chunk_index, content_hash)
 
@@ -43,6 +59,10 @@ class BuildResult:
     kept: int = 0
     embedded: int = 0
     reused: int = 0
+    # Whether the user's rows are in the HNSW index after the build, and how many kept
+    # rows this build moved in or out of it (crossing ANN_MIN_CHUNKS either way).
+    ann: bool = False
+    flipped: int = 0
     inputs_read_at: datetime | None = None
     snapshot: str | None = None
     resolution: dict[str, Any] = field(default_factory=dict)
@@ -60,6 +80,13 @@ def fresh_chunks(records: list[Record]) -> dict[ChunkKey, str]:
 
 def resolve_for_build(session: Session, user: Any) -> Resolution:
     return resolve_sources(get_plan_for_user(user, session))
+
+
+def ann_min_chunks() -> int:
+    """The ANN_MIN_CHUNKS setting of the current app (its default outside one)."""
+    if has_app_context():
+        return int(current_app.config.get("ANN_MIN_CHUNKS", DEFAULT_ANN_MIN_CHUNKS))
+    return DEFAULT_ANN_MIN_CHUNKS
 
 
 def _key(row: Any) -> ChunkKey:
@@ -98,6 +125,159 @@ def lock_user(session: Session, user_id: int) -> None:
     session.execute(select(func.pg_advisory_xact_lock(BUILD_LOCK_NAMESPACE, user_id)))
 
 
+# -- what a quick update would do (the build applies it, the dry run counts it) -------------
+
+@dataclass
+class StoredSummary:
+    """The user's stored chunks in one grouped read: per source, how many; whether any
+    was embedded by another model; how many are in the HNSW index."""
+
+    counts: dict[str, int]
+    foreign_model: bool
+    ann_rows: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def stored_summary(session: Session, user_id: int, model: str) -> StoredSummary:
+    counts: dict[str, int] = defaultdict(int)
+    foreign, ann_rows = False, 0
+    for key, row_model, count, ann in session.execute(
+        select(MemoryChunk.source_key, MemoryChunk.embedding_model, func.count(),
+               func.count().filter(MemoryChunk.ann))
+        .where(MemoryChunk.user_id == user_id)
+        .group_by(MemoryChunk.source_key, MemoryChunk.embedding_model)
+    ):
+        counts[key] += count
+        foreign |= row_model != model
+        ann_rows += ann
+    return StoredSummary(dict(counts), foreign, ann_rows)
+
+
+@dataclass
+class Comparison:
+    """A user's stored chunks against what their sources hold now.
+
+    ``dropped``: sources whose every stored chunk goes (not included any more, or gone
+    from the registry); ``stale_ids``: other stored rows to delete; ``new``: fresh keys
+    to insert, with their text; ``counts``: per source, [added, removed, kept]."""
+
+    dropped: list[str] = field(default_factory=list)
+    stale_ids: list[int] = field(default_factory=list)
+    new: dict[ChunkKey, str] = field(default_factory=dict)
+    counts: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
+    incremental: bool = False
+
+    def total(self, column: int) -> int:
+        return sum(c[column] for c in self.counts.values())
+
+    def add_diff(self, fresh: dict[ChunkKey, str], diff: QuickDiff) -> None:
+        for key in diff.new_keys:
+            self.new[key] = fresh[key]
+            self.counts[key[0]][0] += 1
+        for row in diff.stale:
+            self.stale_ids.append(row.id)
+            self.counts[row.source_key][1] += 1
+        for key in diff.kept:
+            self.counts[key[0]][2] += 1
+
+
+def compare_everything(session: Session, user_id: int, included: tuple[str, ...], model: str,
+                       source_keys: list[str] | None = None) -> Comparison:
+    """Extract, chunk and key every included source (or ``source_keys`` of them) and
+    diff against the stored chunks of those sources."""
+    comparison = Comparison()
+    fresh = fresh_chunks(extract(session, user_id, included))
+    comparison.add_diff(fresh, quick_diff(fresh, _stored(session, user_id, source_keys),
+                                          model))
+    return comparison
+
+
+def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...], model: str,
+                      summary: StoredSummary) -> Comparison:
+    """What a quick update changes. It starts from what the stored chunks reflect
+    (``MemoryState``, written by the build that stored them): a source no longer included
+    loses all its chunks, and a source included then and now is re-read — chat history
+    only for the conversations written by a transaction that build could not see (still
+    running when it read its inputs, or later), the other sources whole. Without a state,
+    or with chunks of another embedding model, it compares everything."""
+    state = session.get(MemoryState, user_id)
+    if state is None or summary.foreign_model or state.embedding_model != model:
+        return compare_everything(session, user_id, included, model)
+
+    comparison = Comparison(incremental=True)
+    for key, count in summary.counts.items():
+        if key not in included:  # not included now, or no longer in the registry
+            comparison.dropped.append(key)
+            comparison.counts[key][1] += count
+    whole = [key for key in included
+             if not (key == CHAT_HISTORY and key in state.included_keys)]
+    if whole:
+        fresh = fresh_chunks(extract(session, user_id, tuple(whole)))
+        comparison.add_diff(fresh, quick_diff(fresh, _stored(session, user_id, whole), model))
+    if CHAT_HISTORY in included and CHAT_HISTORY in state.included_keys:
+        _compare_changed_chat(session, user_id, state.snapshot,
+                              summary.counts.get(CHAT_HISTORY, 0), comparison)
+    return comparison
+
+
+# A conversation the last build may not have seen whole: last written by a transaction its
+# snapshot does not see. (The last writer's stamp is enough: a writer waits for the one
+# before it, so if the last is visible to the snapshot, every earlier one is.) The xmin
+# bound lets the index on (user_id, changed_xid) skip what is certainly visible. A
+# snapshot never lists its own transaction, so a conversation this transaction wrote is
+# read again too: it may have written it after a build it ran earlier.
+_UNSEEN = text(
+    "(conversations.changed_xid >= pg_snapshot_xmin(CAST(:snapshot AS pg_snapshot))"
+    "::text::bigint AND NOT pg_visible_in_snapshot(conversations.changed_xid::text::xid8, "
+    "CAST(:snapshot AS pg_snapshot)) OR conversations.changed_xid = "
+    "pg_current_xact_id_if_assigned()::text::bigint)")
+
+
+def _compare_changed_chat(session: Session, user_id: int, snapshot: str, stored_total: int,
+                          comparison: Comparison) -> None:
+    """Chat history re-read for the conversations written by a transaction the last build
+    could not see; the chunks of a conversation that no longer exists are removals; every
+    other stored chunk is kept, as nothing it was made from has changed. Two statements
+    whatever changed: the changed pairs, and the stored chunks of changed or deleted
+    conversations (one pass over the user's chat chunks)."""
+    changed = select(Conversation.id).where(
+        Conversation.user_id == user_id, _UNSEEN.bindparams(snapshot=snapshot))
+    conversation_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
+    # Uncorrelated: each becomes one hashed subplan, probed per chunk (a correlated
+    # EXISTS was an index probe per chunk, 3x slower at 10,000 chunks).
+    owned = select(Conversation.id).where(Conversation.user_id == user_id)
+    exists_still = conversation_of.in_(owned)
+    fresh = fresh_chunks(extract_chat_pairs(session, user_id, changed))
+    stored: dict[ChunkKey, int] = {}
+    counts = comparison.counts[CHAT_HISTORY]
+    for row in session.execute(
+        select(MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
+               MemoryChunk.chunk_index, MemoryChunk.content_hash,
+               exists_still.label("exists_still"))
+        .where(MemoryChunk.user_id == user_id, MemoryChunk.source_key == CHAT_HISTORY,
+               or_(conversation_of.in_(changed), conversation_of.not_in(owned)))
+    ):
+        if row.exists_still:
+            stored[_key(row)] = row.id
+        else:
+            comparison.stale_ids.append(row.id)
+            counts[1] += 1
+    for key, id_ in stored.items():
+        if key not in fresh:
+            comparison.stale_ids.append(id_)
+            counts[1] += 1
+    for key, piece in fresh.items():
+        if key not in stored:
+            comparison.new[key] = piece
+            counts[0] += 1
+    counts[2] += stored_total - counts[1]
+
+
+# -- the build ---------------------------------------------------------------------------------
+
 def run_memory_build(
     user: Any,
     mode: str,
@@ -105,9 +285,32 @@ def run_memory_build(
     session: Session,
     embedder: Embedder,
     build_id: int | None = None,
+    ann_threshold: int | None = None,
 ) -> BuildResult:
+    """``ann_threshold``: ANN_MIN_CHUNKS (default: the app's setting)."""
     if mode not in ("quick", "full"):
         raise ValueError(f"mode must be 'quick' or 'full', not {mode!r}")
+    with _gc_paused():
+        return _run_memory_build(user, mode, session, embedder, build_id,
+                                 ann_min_chunks() if ann_threshold is None else ann_threshold)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a build runs: it makes tens of thousands of
+    short-lived, acyclic objects (freed by reference counting anyway), and a full
+    collection they trigger walks the whole heap (measured: ~90 ms of a 900 ms build)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder,
+                      build_id: int | None, threshold: int) -> BuildResult:
     started = time.perf_counter()
     result = BuildResult(mode=mode)
     lock_user(session, user.id)
@@ -118,67 +321,103 @@ def run_memory_build(
         func.clock_timestamp(), func.pg_current_snapshot().cast(Text))).one()
     resolution = resolve_for_build(session, user)
     result.resolution = resolution.to_dict()
-    fresh = fresh_chunks(extract(session, user.id, resolution.included_keys))
-    stored = _stored(session, user.id)
+    included = resolution.included_keys
+    summary = stored_summary(session, user.id, embedder.name)
+
+    replace: list[Any] | None = None  # full, replaced: every stored row (id, key, model)
+    if mode == "quick":
+        comparison = compare_for_quick(session, user.id, included, embedder.name, summary)
+    else:
+        fresh = fresh_chunks(extract(session, user.id, included))
+        stored = _stored(session, user.id)
+        if len(fresh) >= threshold:
+            # In the HNSW index after this build: unchanged rows stay where they are.
+            comparison = Comparison()
+            comparison.add_diff(fresh, quick_diff(fresh, stored, embedder.name))
+        else:
+            replace = stored
+            comparison = Comparison(new=fresh)
+            for row in stored:
+                comparison.counts[row.source_key][1] += 1
+            for key in fresh:
+                comparison.counts[key[0]][0] += 1
     result.timings["extract_ms"] = _ms(started)
 
-    per_source: dict[str, dict[str, int]] = defaultdict(lambda: {"added": 0, "removed": 0,
-                                                                  "kept": 0})
-    reusable: dict[ChunkKey, Any] = {}
-    if mode == "quick":
-        diff = quick_diff(fresh, stored, embedder.name)
-        stale, new_keys = diff.stale, diff.new_keys
-        for key in diff.kept:
-            per_source[key[0]]["kept"] += 1
-        result.kept = len(diff.kept)
+    result.added, result.removed = comparison.total(0), comparison.total(1)
+    result.kept = comparison.total(2)
+    result.ann = summary.total - result.removed + result.added >= threshold
+    reuse_ids: list[int] = []
+    if replace is not None:
+        reusable = {_key(r): r.id for r in replace if r.embedding_model == embedder.name}
+        reuse_ids = [reusable[key] for key in comparison.new if key in reusable]
+        to_embed = [key for key in comparison.new if key not in reusable]
     else:
-        same_model = {_key(r): r.id for r in stored if r.embedding_model == embedder.name}
-        reuse_ids = {same_model[key]: key for key in fresh if key in same_model}
-        if reuse_ids:
-            for id_, embedding in session.execute(
-                select(MemoryChunk.id, MemoryChunk.embedding)
-                .where(MemoryChunk.id.in_(list(reuse_ids)))
-            ):
-                reusable[reuse_ids[id_]] = embedding
-        stale, new_keys = list(stored), list(fresh)
-    remove_ids = [r.id for r in stale]
-
-    for r in stale:
-        per_source[r.source_key]["removed"] += 1
-    for key in new_keys:
-        per_source[key[0]]["added"] += 1
-
-    to_embed = [key for key in new_keys if key not in reusable]
+        to_embed = list(comparison.new)
     embed_started = time.perf_counter()
-    vectors = embedder.embed([fresh[key] for key in to_embed]) if to_embed else []
+    vectors = embedder.embed([comparison.new[key] for key in to_embed]) if to_embed else []
     result.timings["embed_ms"] = _ms(embed_started)
-    embeddings = dict(zip(to_embed, vectors, strict=True))
-    embeddings.update(reusable)
 
     write_started = time.perf_counter()
-    if mode == "full":
-        session.execute(delete(MemoryChunk).where(MemoryChunk.user_id == user.id))
+    if replace is not None:
+        _replace_all(session, user.id, reuse_ids, build_id, result.ann)
     else:
-        for start in range(0, len(remove_ids), DELETE_BATCH):
-            batch = remove_ids[start:start + DELETE_BATCH]
-            session.execute(delete(MemoryChunk).where(MemoryChunk.id.in_(batch)))
-    if new_keys:
+        _delete_stale(session, user.id, comparison)
+        if summary.ann_rows != (summary.total if result.ann else 0):
+            result.flipped = session.execute(
+                update(MemoryChunk)
+                .where(MemoryChunk.user_id == user.id, MemoryChunk.ann.is_not(result.ann))
+                .values(ann=result.ann)
+            ).rowcount
+    if to_embed:
         _copy_chunks(session, (
-            (user.id, key[0], key[1], key[2], key[3], fresh[key], embeddings[key],
-             embedder.name, build_id)
-            for key in new_keys
+            (user.id, key[0], key[1], key[2], key[3], comparison.new[key], vector,
+             embedder.name, build_id, result.ann)
+            for key, vector in zip(to_embed, vectors, strict=True)
         ))
     result.timings["write_ms"] = _ms(write_started)
 
-    result.added = len(new_keys)
-    result.removed = len(remove_ids)
     result.embedded = len(to_embed)
-    result.reused = len(reusable)
-    result.per_source = dict(per_source)
-    _record_state(session, user.id, result, resolution.included_keys, embedder.name,
-                  build_id)
+    result.reused = len(reuse_ids)
+    result.per_source = {key: {"added": a, "removed": r, "kept": k}
+                         for key, (a, r, k) in comparison.counts.items() if a or r or k}
+    _record_state(session, user.id, result, included, embedder.name, build_id)
     result.timings["total_ms"] = _ms(started)
     return result
+
+
+def _delete_stale(session: Session, user_id: int, comparison: Comparison) -> None:
+    if comparison.dropped:
+        session.execute(delete(MemoryChunk).where(
+            MemoryChunk.user_id == user_id, MemoryChunk.source_key.in_(comparison.dropped)))
+    if comparison.stale_ids:
+        session.execute(delete(MemoryChunk).where(
+            MemoryChunk.user_id == user_id,
+            MemoryChunk.id == func.any(bindparam("ids", comparison.stale_ids,
+                                                 type_=ARRAY(MemoryChunk.id.type)))))
+
+
+# Delete every row of the user; the rows whose embedding is reused come back as new rows
+# (new ids, this build's id) without their vectors ever leaving the server. A row's copy
+# is made from the RETURNING of its own deletion, so its key is free by then.
+_REPLACE = text(f"""
+WITH old AS (
+    DELETE FROM {MemoryChunk.__tablename__} WHERE user_id = :user_id
+    RETURNING id, source_key, source_id, chunk_index, content_hash, content, embedding,
+              embedding_model
+)
+INSERT INTO {MemoryChunk.__tablename__} (user_id, source_key, source_id, chunk_index,
+    content_hash, content, embedding, embedding_model, build_id, ann)
+SELECT :user_id, source_key, source_id, chunk_index, content_hash, content, embedding,
+       embedding_model, :build_id, :ann
+FROM old WHERE id = ANY(:reuse_ids)
+""")
+
+
+def _replace_all(session: Session, user_id: int, reuse_ids: list[int], build_id: int | None,
+                 ann: bool) -> None:
+    session.execute(_REPLACE.bindparams(
+        bindparam("reuse_ids", type_=ARRAY(MemoryChunk.id.type))),
+        {"user_id": user_id, "reuse_ids": reuse_ids, "build_id": build_id, "ann": ann})
 
 
 def _record_state(session: Session, user_id: int, result: BuildResult,
@@ -197,6 +436,8 @@ def _record_state(session: Session, user_id: int, result: BuildResult,
                     .on_conflict_do_update(index_elements=[MemoryState.user_id], set_=values))
 
 
+# -- the dry run -------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class SourcePreview:
     source_key: str
@@ -207,114 +448,43 @@ class SourcePreview:
 
 def preview_memory_build(user: Any, *, session: Session, embedder_name: str,
                          resolution: Resolution | None = None) -> dict[str, SourcePreview]:
-    """What the next quick update would add and remove per source, writing nothing.
-
-    It starts from what the stored chunks reflect (``MemoryState``, written by the build
-    that stored them): a source no longer included loses all its chunks, and a source
-    included then and now is re-read — chat history only for the conversations written
-    by a transaction that build could not see (still running when it read its inputs, or
-    later), the other sources whole. Without a state, or with chunks of another
-    embedding model, it compares everything, as the build will.
+    """What the next quick update would add and remove per source, writing nothing: the
+    very comparison the build makes (``compare_for_quick``), counted.
     ``resolution``: the user's, when the caller has it already (a page that resolved the
     plan for this request). Each source's stored chunks are ``to_remove + unchanged``."""
     resolution = resolution or resolve_for_build(session, user)
-    included = resolution.included_keys
-    state = session.get(MemoryState, user.id)
-    stored_counts: dict[str, int] = defaultdict(int)
-    foreign_model = False
-    for key, model, count in session.execute(
-        select(MemoryChunk.source_key, MemoryChunk.embedding_model, func.count())
-        .where(MemoryChunk.user_id == user.id)
-        .group_by(MemoryChunk.source_key, MemoryChunk.embedding_model)
-    ):
-        stored_counts[key] += count
-        foreign_model |= model != embedder_name
-    if state is None or foreign_model or state.embedding_model != embedder_name:
-        return _preview_everything(session, user.id, included, embedder_name)
+    summary = stored_summary(session, user.id, embedder_name)
+    comparison = compare_for_quick(session, user.id, resolution.included_keys, embedder_name,
+                                   summary)
+    return _as_preview(comparison)
 
-    # Every source not included now loses its chunks, as does a source the registry no
-    # longer has (its chunks stay until a build removes them).
-    keys = (*SOURCE_KEYS, *sorted(set(stored_counts) - set(SOURCE_KEYS)))
-    preview = {key: SourcePreview(key, 0, stored_counts[key], 0) for key in keys
-               if key not in included}
-    whole = [key for key in included
-             if not (key == CHAT_HISTORY and key in state.included_keys)]
-    if whole:
-        preview.update(_preview_everything(session, user.id, tuple(whole), embedder_name,
-                                           keys=whole))
-    if CHAT_HISTORY in included and CHAT_HISTORY in state.included_keys:
-        preview[CHAT_HISTORY] = _preview_changed_chat(session, user.id, state.snapshot,
-                                                      stored_counts[CHAT_HISTORY])
-    return {key: preview[key] for key in keys}
+
+def _as_preview(comparison: Comparison, keys: list[str] | None = None,
+                ) -> dict[str, SourcePreview]:
+    """Every registry source (and any other source with chunks), in registry order."""
+    counts = comparison.counts
+    keys = keys or [*SOURCE_KEYS, *sorted(set(counts) - set(SOURCE_KEYS))]
+    return {key: SourcePreview(key, *counts.get(key, (0, 0, 0))) for key in keys}
 
 
 def _preview_everything(session: Session, user_id: int, included: tuple[str, ...],
                         embedder_name: str, keys: list[str] | None = None,
                         ) -> dict[str, SourcePreview]:
-    """The build's own comparison (extract, chunk, key, ``quick_diff``), for ``keys``
+    """The comparison of everything (extract, chunk, key, ``quick_diff``), for ``keys``
     (default: every source)."""
-    stored = _stored(session, user_id, keys)
-    diff = quick_diff(fresh_chunks(extract(session, user_id, included)), stored,
-                      embedder_name)
-    counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for key in diff.new_keys:
-        counts[key[0]][0] += 1
-    for row in diff.stale:
-        counts[row.source_key][1] += 1
-    for key in diff.kept:
-        counts[key[0]][2] += 1
-    keys = keys or [*SOURCE_KEYS, *sorted(set(counts) - set(SOURCE_KEYS))]
-    return {key: SourcePreview(key, *counts[key]) for key in keys}
-
-
-# A conversation the last build may not have seen whole: last written by a transaction its
-# snapshot does not see. (The last writer's stamp is enough: a writer waits for the one
-# before it, so if the last is visible to the snapshot, every earlier one is.) The xmin
-# bound lets the index on (user_id, changed_xid) skip what is certainly visible.
-_UNSEEN = text(
-    "conversations.changed_xid >= pg_snapshot_xmin(CAST(:snapshot AS pg_snapshot))"
-    "::text::bigint AND NOT pg_visible_in_snapshot(conversations.changed_xid::text::xid8, "
-    "CAST(:snapshot AS pg_snapshot))")
-
-
-def _preview_changed_chat(session: Session, user_id: int, snapshot: str,
-                          stored_total: int) -> SourcePreview:
-    """Chat history re-read for the conversations written by a transaction the last build
-    could not see; the chunks of a conversation that no longer exists are removals; every
-    other stored chunk is kept, as nothing it was made from has changed. Two statements
-    whatever changed: the changed pairs, and the stored chunks of changed or deleted
-    conversations (one pass over the user's chat chunks)."""
-    changed = select(Conversation.id).where(
-        Conversation.user_id == user_id, _UNSEEN.bindparams(snapshot=snapshot))
-    conversation_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
-    exists_still = exists().where(Conversation.id == conversation_of,
-                                  Conversation.user_id == user_id)
-    fresh = fresh_chunks(extract_chat_pairs(session, user_id, changed))
-    stored, gone = set(), 0
-    for row in session.execute(
-        select(MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index,
-               MemoryChunk.content_hash, exists_still.label("exists_still"))
-        .where(MemoryChunk.user_id == user_id, MemoryChunk.source_key == CHAT_HISTORY,
-               or_(conversation_of.in_(changed), ~exists_still))
-    ):
-        if row.exists_still:
-            stored.add(_key(row))
-        else:
-            gone += 1
-    added = sum(key not in stored for key in fresh)
-    removed = sum(key not in fresh for key in stored)
-    return SourcePreview(CHAT_HISTORY, added, removed + gone, stored_total - removed - gone)
+    return _as_preview(compare_everything(session, user_id, included, embedder_name, keys),
+                       keys)
 
 
 _COPY_COLUMNS = ("user_id", "source_key", "source_id", "chunk_index", "content_hash", "content",
-                 "embedding", "embedding_model", "build_id")
+                 "embedding", "embedding_model", "build_id", "ann")
 _COPY_TYPES = ("int4", "varchar", "varchar", "int4", "varchar", "text", "vector", "varchar",
-               "int8")
+               "int8", "bool")
 
 
 def _copy_chunks(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
-    """Binary COPY on the build's own connection (same transaction): ~15x faster than
-    INSERT for vectors. What remains of a big write is the HNSW index's upkeep."""
+    """Binary COPY on the build's own connection (same transaction). Rows of a user below
+    ANN_MIN_CHUNKS are outside the partial HNSW index: they cost what COPY costs."""
     from pgvector.psycopg import register_vector
 
     raw = session.connection().connection.driver_connection

@@ -39,3 +39,19 @@ def test_unknown_embedder_name_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown EMBEDDER 'bert'"):
         get_embedder("bert")
     assert get_embedder("hashing") is get_embedder("hashing")
+
+
+def test_a_worker_loads_its_embedder_once_before_it_forks_any_work_horse(app, queue,
+                                                                         monkeypatch):
+    """Work horses inherit the loaded embedder: no build loads a model."""
+    from dashboard.memory import embedders
+    from jobs.worker import run_worker
+
+    import gc
+
+    loaded = []
+    monkeypatch.setattr(embedders, "preload_embedder", loaded.append)
+    monkeypatch.setattr(gc, "freeze", lambda: loaded.append("gc.freeze"))
+    run_worker(app, burst=True, maintenance=False)
+    assert loaded == [app.config["EMBEDDER"], "gc.freeze"]
+

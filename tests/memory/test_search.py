@@ -4,7 +4,7 @@ import os
 
 import numpy as np
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import event, insert, select, text
 
 from dashboard.memory.embedders import HashingEmbedder, minilm_available
 from dashboard.memory.models import MemoryChunk
@@ -40,13 +40,13 @@ def test_lexical_fixture_ranks_the_relevant_chunk_first(db_session):
                          embedder=embedder)[0].content.startswith("Ada's sourdough")
 
 
-def _random_chunks(session, user_id, count, rng, offset=0):
+def _random_chunks(session, user_id, count, rng, offset=0, *, ann=False):
     vectors = rng.standard_normal((count, 384)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     session.execute(insert(MemoryChunk), [
         {"user_id": user_id, "source_key": "xmemo.saved", "source_id": str(offset + i),
          "chunk_index": 0, "content_hash": f"{offset + i:064d}", "content": f"c{offset + i}",
-         "embedding": vectors[i], "embedding_model": "random"}
+         "embedding": vectors[i], "embedding_model": "random", "ann": ann}
         for i in range(count)
     ])
 
@@ -64,61 +64,137 @@ class RandomQuery:
         return vector / np.linalg.norm(vector)
 
 
-def user_among_a_crowd(db_session, rng, *, chunks: int):
-    """A user with ``chunks`` random chunks (contents c10000…) beside one with 3,000."""
+def user_among_a_crowd(db_session, rng, *, chunks: int, ann: bool = False):
+    """A user with ``chunks`` random chunks (contents c10000…) beside one with 3,000; both
+    in the HNSW index if ``ann`` (so the index holds far more rows than the user's)."""
     crowd = make_user(db_session)
-    _random_chunks(db_session, crowd.id, 3000, rng)
+    _random_chunks(db_session, crowd.id, 3000, rng, ann=ann)
     user = make_user(db_session)
-    _random_chunks(db_session, user.id, chunks, rng, offset=10_000)
+    _random_chunks(db_session, user.id, chunks, rng, offset=10_000, ann=ann)
     db_session.flush()
     return user
 
 
-@pytest.mark.parametrize("exact_max", [50_000, 0], ids=["exact", "hnsw-iterative"])
-def test_small_user_among_many_always_gets_k_rows_matching_exact_order(db_session, exact_max):
+class Recorder:
+    """The statements that reach the database while it listens, with their parameters."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[str, object]] = []
+
+    def __call__(self, conn, cursor, statement, parameters, context, executemany):
+        self.ran.append((statement, parameters))
+
+    def __enter__(self):
+        from dashboard.extensions import db
+
+        event.listen(db.engine, "before_cursor_execute", self)
+        return self
+
+    def __exit__(self, *exc):
+        from dashboard.extensions import db
+
+        event.remove(db.engine, "before_cursor_execute", self)
+
+    def nearest(self):
+        """The statements that ordered by distance."""
+        return [(s, p) for s, p in self.ran if "<=>" in s]
+
+
+def explain(db_session, statements) -> dict:
+    """EXPLAIN (FORMAT JSON) of the last statement, replayed after the ones before it (its
+    settings) inside a savepoint that is rolled back."""
+    cursor = db_session.connection().connection.driver_connection.cursor()
+    *before, (statement, parameters) = statements
+    with db_session.begin_nested() as replay:
+        for setting, setting_parameters in before:
+            cursor.execute(setting, setting_parameters)
+        plan = cursor.execute("EXPLAIN (FORMAT JSON) " + statement, parameters).fetchone()[0]
+        replay.rollback()
+    return plan[0]["Plan"]
+
+
+def plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
+@pytest.mark.parametrize("chunks", [10, 25])
+def test_a_user_below_the_threshold_gets_the_exact_path_and_k_rows_in_exact_order(
+        db_session, chunks):
+    """10 rows of 25, or all 10 of 10, in the exact order (recomputed here), among a
+    crowd's rows; no HNSW index in the plan, no HNSW settings sent."""
     rng = np.random.default_rng(7)
-    small = user_among_a_crowd(db_session, rng, chunks=10)
-    hits = search_memory(db_session, small.id, "anything", 10, embedder=RandomQuery(rng),
-                         exact_max_chunks=exact_max)
+    small = user_among_a_crowd(db_session, rng, chunks=chunks)
+    embedder = RandomQuery(np.random.default_rng(3))
+    query = RandomQuery(np.random.default_rng(3)).embed(["q"])[0]
+    with Recorder() as recorder:
+        hits = search_memory(db_session, small.id, "anything", 10, embedder=embedder)
     assert len(hits) == 10
-    assert {h.content for h in hits} == {f"c{10_000 + i}" for i in range(10)}
-    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+    assert not [s for s, _ in recorder.ran if "set_config" in s]
+    rows = db_session.execute(select(MemoryChunk.content, MemoryChunk.embedding)
+                              .where(MemoryChunk.user_id == small.id)).all()
+    distances = {content: 1 - float(np.dot(vector, query)) for content, vector in rows}
+    expected = sorted(distances, key=distances.get)[:10]
+    assert [h.content for h in hits] == expected
+    ((statement, parameters),) = recorder.nearest()
+    plan = explain(db_session, [(statement, parameters)])
+    assert not [n for n in plan_nodes(plan) if n.get("Index Name") ==
+                "ix_memory_chunks_embedding_ann"]
 
 
-def test_a_user_above_the_exact_threshold_takes_the_hnsw_path_and_gets_k_rows(db_session):
-    """EXPLAIN of the very statement search_memory ran shows the HNSW index."""
-    from sqlalchemy import event, text
+def test_a_user_with_fewer_than_k_chunks_gets_them_all(db_session, count_queries):
+    rng = np.random.default_rng(5)
+    small = user_among_a_crowd(db_session, rng, chunks=4)
+    with count_queries() as q:
+        hits = search_memory(db_session, small.id, "anything", 10, embedder=RandomQuery(rng))
+    assert sorted(h.content for h in hits) == [f"c{10_000 + i}" for i in range(4)]
+    assert q.count == 2  # the path (one row's flag), then the exact scan
 
-    from dashboard.extensions import db
 
+def test_a_user_above_the_threshold_takes_the_partial_hnsw_index_and_gets_k_rows(db_session):
+    """A real build flags the user's rows (threshold 30); EXPLAIN of the very statement
+    search_memory ran, replayed after its settings, is an Index Scan of the partial HNSW
+    index with no Sort, and the result is exactly k of the user's rows, nearest first."""
     rng = np.random.default_rng(11)
-    big = user_among_a_crowd(db_session, rng, chunks=200)
+    embedder = HashingEmbedder()
+    crowd = make_user(db_session)
+    _random_chunks(db_session, crowd.id, 3000, rng, ann=True)
+    big = memories_user(db_session, [f"note {i}: {LEXICAL[i % 5]} (variant {i})"
+                                     for i in range(60)])
+    result = run_memory_build(big, "quick", session=db_session, embedder=embedder,
+                              ann_threshold=30)
+    assert (result.ann, result.added) == (True, 60)
 
-    ran: list[tuple[str, object]] = []
-
-    def record(conn, cursor, statement, parameters, context, executemany):
-        if "<=>" in statement or "set_config" in statement:
-            ran.append((statement, parameters))
-
-    event.listen(db.engine, "before_cursor_execute", record)
-    try:
-        hits = search_memory(db_session, big.id, "anything", 10, embedder=RandomQuery(rng),
-                             exact_max_chunks=100)
-    finally:
-        event.remove(db.engine, "before_cursor_execute", record)
+    with Recorder() as recorder:
+        hits = search_memory(db_session, big.id, "when is standup?", 10, embedder=embedder)
     assert len(hits) == 10
-    assert {h.content for h in hits} <= {f"c{10_000 + i}" for i in range(200)}
-    (settings, settings_parameters), (statement, parameters) = ran  # HNSW alone: no top-up
+    assert {h.chunk_id for h in hits} <= set(db_session.scalars(
+        select(MemoryChunk.id).where(MemoryChunk.user_id == big.id)))
+    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+    assert "Standup" in hits[0].content
+    settings = [(s, p) for s, p in recorder.ran if "set_config" in s]
+    nearest = recorder.nearest()
+    assert len(settings) == 1 and len(nearest) == 1  # the HNSW path alone: no top-up
     # Its settings stayed inside search_memory: the caller's transaction is as it was.
     assert db_session.execute(text("SHOW enable_sort")).scalar() == "on"
-    # Replayed as it ran (settings, then the query), the plan is the HNSW index's.
-    cursor = db_session.connection().connection.driver_connection.cursor()
-    with db_session.begin_nested() as replay:
-        cursor.execute(settings, settings_parameters)
-        plan = "\n".join(row[0] for row in cursor.execute("EXPLAIN " + statement, parameters))
-        replay.rollback()
-    assert "Index Scan using ix_memory_chunks_embedding_hnsw" in plan, plan
-    assert "Sort" not in plan, plan
+    plan = explain(db_session, settings + nearest)
+    nodes = list(plan_nodes(plan))
+    scans = [n for n in nodes if n["Node Type"] == "Index Scan"]
+    assert [n["Index Name"] for n in scans] == ["ix_memory_chunks_embedding_ann"], plan
+    assert not [n for n in nodes if n["Node Type"] == "Sort"], plan
+
+
+def test_an_approximate_path_that_comes_back_short_is_topped_up_exactly(db_session,
+                                                                        monkeypatch):
+    from dashboard.memory import search
+
+    rng = np.random.default_rng(13)
+    big = user_among_a_crowd(db_session, rng, chunks=40, ann=True)
+    monkeypatch.setattr(search, "_hnsw", lambda *args: [])
+    hits = search_memory(db_session, big.id, "anything", 10, embedder=RandomQuery(rng))
+    assert len(hits) == 10
+    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
 
 
 def test_k_is_clamped_and_other_users_are_never_returned(db_session):
