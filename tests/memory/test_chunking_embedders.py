@@ -44,10 +44,10 @@ def test_unknown_embedder_name_is_a_clear_error():
 def test_a_worker_loads_its_embedder_once_before_it_forks_any_work_horse(app, queue,
                                                                          monkeypatch):
     """Work horses inherit the loaded embedder: no build loads a model."""
+    import gc
+
     from dashboard.memory import embedders
     from jobs.worker import run_worker
-
-    import gc
 
     loaded = []
     monkeypatch.setattr(embedders, "preload_embedder", loaded.append)
