@@ -61,8 +61,9 @@ def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[H
 
 
 # hnsw.ef_search of the approximate path (at least k): the candidate list each scan keeps.
-# Measured on 200,000 random unit vectors (the hardest case: no structure) with the
-# index's m=16, ef_construction=64 — see docs/ARCHITECTURE.md.
+# Measured with the index's m=16, ef_construction=64 on one user's 200,000 vectors shaped
+# like sentence embeddings (a 32-dimensional subspace plus noise): recall@10 0.92 at 100,
+# 0.98 at 200, 0.996 at 400 — see docs/ARCHITECTURE.md (and why random vectors differ).
 HNSW_EF_SEARCH = 200
 
 
