@@ -204,7 +204,8 @@ def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...],
     running when it read its inputs, or later), the other sources whole. Without a state,
     or with chunks of another embedding model, it compares everything."""
     state = session.get(MemoryState, user_id)
-    if state is None or summary.foreign_model or state.embedding_model != model:
+    if state is None or summary.foreign_model or state.embedding_model != model \
+            or _from_another_history(session, state.snapshot):
         return compare_everything(session, user_id, included, model)
 
     comparison = Comparison(incremental=True)
@@ -223,12 +224,34 @@ def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...],
     return comparison
 
 
+def _from_another_history(session: Session, snapshot: str) -> bool:
+    """Whether the note's snapshot is ahead of the server's transaction counter: the
+    database was restored from a dump or moved by logical replication, which start the
+    counter again lower. Every later stamp would then look older than the note, and seen."""
+    return bool(session.scalar(
+        text("SELECT pg_snapshot_xmax(CAST(:snapshot AS pg_snapshot)) > "
+             "pg_snapshot_xmax(pg_current_snapshot())"), {"snapshot": snapshot}))
+
+
+def with_own_transaction(snapshot: str, own: str | None) -> str:
+    """``snapshot`` with this transaction listed as in progress. PostgreSQL's snapshot
+    never lists its own transaction, which then counts as visible as soon as a later one
+    has finished: what this transaction writes after a build (a test, a script building
+    inside its own transaction) would look seen by that build."""
+    if own is None:
+        return snapshot
+    xmin, xmax, running = snapshot.split(":")
+    mine = int(own)
+    ids = sorted({int(x) for x in running.split(",") if x} | {mine})
+    return f"{min(int(xmin), mine)}:{max(int(xmax), mine + 1)}:{','.join(map(str, ids))}"
+
+
 # A conversation the last build may not have seen whole: last written by a transaction its
 # snapshot does not see. (The last writer's stamp is enough: a writer waits for the one
 # before it, so if the last is visible to the snapshot, every earlier one is.) The xmin
-# bound lets the index on (user_id, changed_xid) skip what is certainly visible. A
-# snapshot never lists its own transaction, so a conversation this transaction wrote is
-# read again too: it may have written it after a build it ran earlier.
+# bound lets the index on (user_id, changed_xid) skip what is certainly visible. A build's
+# recorded snapshot lists its own transaction (``with_own_transaction``); a conversation
+# the current transaction wrote is read again as well, for a dry run inside it.
 _UNSEEN = text(
     "(conversations.changed_xid >= pg_snapshot_xmin(CAST(:snapshot AS pg_snapshot))"
     "::text::bigint AND NOT pg_visible_in_snapshot(conversations.changed_xid::text::xid8, "
@@ -243,15 +266,21 @@ def _compare_changed_chat(session: Session, user_id: int, snapshot: str, stored_
     other stored chunk is kept, as nothing it was made from has changed. Two statements
     whatever changed: the changed pairs, and the stored chunks of changed or deleted
     conversations (one pass over the user's chat chunks)."""
-    changed = select(Conversation.id).where(
-        Conversation.user_id == user_id, _UNSEEN.bindparams(snapshot=snapshot))
+    # Read once, as a list: each statement of a build sees the database as of its own
+    # start, so a query of changed conversations run twice can answer differently — a
+    # conversation written between the two would have its stored chunks compared with
+    # no fresh pairs, and all removed. One written after this read is left alone: its
+    # writer is not visible in this build's snapshot, so the next build re-reads it.
+    changed = list(session.scalars(select(Conversation.id).where(
+        Conversation.user_id == user_id, _UNSEEN.bindparams(snapshot=snapshot))))
     conversation_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
-    # Uncorrelated: each becomes one hashed subplan, probed per chunk (a correlated
-    # EXISTS was an index probe per chunk, 3x slower at 10,000 chunks).
+    # Uncorrelated: one hashed subplan, probed per chunk (a correlated EXISTS was an
+    # index probe per chunk, 3x slower at 10,000 chunks).
     owned = select(Conversation.id).where(Conversation.user_id == user_id)
     exists_still = conversation_of.in_(owned)
-    fresh = fresh_chunks(extract_chat_pairs(session, user_id, changed))
+    fresh = fresh_chunks(extract_chat_pairs(session, user_id, changed)) if changed else {}
     stored: dict[ChunkKey, int] = {}
+    gone: set[str] = set()
     counts = comparison.counts[CHAT_HISTORY]
     for row in session.execute(
         select(MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
@@ -264,7 +293,11 @@ def _compare_changed_chat(session: Session, user_id: int, snapshot: str, stored_
             stored[_key(row)] = row.id
         else:
             comparison.stale_ids.append(row.id)
+            gone.add(row.source_id.partition(":")[0])
             counts[1] += 1
+    if gone:  # deleted after its pairs were read: nothing of it goes back in
+        fresh = {key: piece for key, piece in fresh.items()
+                 if key[1].partition(":")[0] not in gone}
     for key, id_ in stored.items():
         if key not in fresh:
             comparison.stale_ids.append(id_)
@@ -317,8 +350,10 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
 
     # Taken before anything is read: a change stamped later may not be in this build, nor
     # one by a transaction this snapshot does not see (the dry run re-reads those).
-    result.inputs_read_at, result.snapshot = session.execute(select(
-        func.clock_timestamp(), func.pg_current_snapshot().cast(Text))).one()
+    result.inputs_read_at, snapshot, own = session.execute(select(
+        func.clock_timestamp(), func.pg_current_snapshot().cast(Text),
+        func.pg_current_xact_id_if_assigned().cast(Text))).one()
+    result.snapshot = with_own_transaction(snapshot, own)
     resolution = resolve_for_build(session, user)
     result.resolution = resolution.to_dict()
     included = resolution.included_keys
