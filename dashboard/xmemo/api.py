@@ -126,7 +126,9 @@ def _refused(problem: Problem):
 def _service_refused(exc: services.MemoryServiceError):
     errors = [{"field": exc.field or "body", "detail": exc.detail}] if exc.status == 422 \
         else None
-    return _refused(Problem(exc.status, exc.title, exc.detail, errors=errors))
+    headers = {"Retry-After": "30"} if isinstance(exc, services.MemoryBusy) else None
+    return _refused(Problem(exc.status, exc.title, exc.detail, errors=errors,
+                            headers=headers))
 
 
 @bp.errorhandler(RateLimitExceeded)
@@ -181,7 +183,8 @@ PROBLEM_DESCRIPTIONS = {
     415: "The body is not application/json.",
     422: "A value is not valid; errors names each field.",
     429: "Too many calls for this key; see Retry-After.",
-    503: "The database or queue cannot be reached; nothing was changed.",
+    503: "The database or queue cannot be reached, or (a forget or an edit) a memory build "
+         "of the owner held on longer than the call may wait; nothing was changed.",
 }
 _RESPONSE_HEADERS = {
     201: {"Location": "The new memory's URL."},

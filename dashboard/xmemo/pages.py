@@ -34,6 +34,7 @@ from dashboard.xmemo.services import (
     MAX_REASON,
     REDACTED,
     InvalidMemoryInput,
+    MemoryBusy,
     MemoryConflict,
     MemoryServiceError,
 )
@@ -171,6 +172,9 @@ def forget(memory_id: str | None = None):
         if _field_error(form, exc):
             return _forget_page(memory, form, mode, 400)
         _refuse(exc)
+    except MemoryBusy as exc:
+        db.session.rollback()  # the wait that timed out ended the transaction
+        return _forget_page(memory, form, mode, exc.status, exc.detail)
     except MemoryConflict as exc:
         return _forget_page(memory, form, mode, exc.status, exc.detail)
     except MemoryServiceError as exc:

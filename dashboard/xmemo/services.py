@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import delete, func, or_, select, tuple_, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from dashboard.audit.models import AuditEvent
@@ -95,7 +96,16 @@ class MemoryConflict(MemoryServiceError):
     title = "Conflict"
 
 
+class MemoryBusy(MemoryServiceError):
+    status = 503
+    title = "Busy"
+
+
 NOT_FOUND = "There is no memory with this id among yours."
+BUSY = ("A memory build of this account is still writing (a large one can take minutes); "
+        "nothing was changed. Try again shortly.")
+# How long a forget or an edit waits for a running build of the same owner.
+BUILD_WAIT = "30s"
 GONE = "This memory was permanently deleted; only its erasure record remains."
 
 
@@ -336,7 +346,7 @@ def update_memory(session: Session, memory: Memory, *, content: object = None,
     new_content = check_content(content) if content is not None else None
     new_metadata = check_metadata(metadata) if metadata is not None else None
     if new_content is not None:
-        lock_user(session, memory.owner_id)
+        _wait_for_builds(session, memory.owner_id)
     # Re-read under the row lock: a hard delete that committed meanwhile is a 410.
     memory = find_memory(session, memory.owner_id, memory.id, lock=True)
     if memory.status != "active":
@@ -439,6 +449,20 @@ def receipts_of_memory(session: Session, owner_id: int, memory_id: object) -> li
     return [receipt_of(session, marker, audit_hash=hash_) for marker, hash_ in rows]
 
 
+def _wait_for_builds(session: Session, owner_id: int) -> None:
+    """The build lock (``lock_user``), waited for at most BUILD_WAIT: a build that crosses
+    the HNSW threshold may hold it for minutes, and an API call must not hang that long."""
+    previous = session.scalar(select(func.current_setting("lock_timeout")))
+    session.execute(select(func.set_config("lock_timeout", BUILD_WAIT, True)))
+    try:
+        lock_user(session, owner_id)
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) == "55P03":  # lock_not_available
+            raise MemoryBusy(BUSY) from None
+        raise
+    session.execute(select(func.set_config("lock_timeout", previous, True)))
+
+
 def _delete_chunks(session: Session, memory: Memory) -> int:
     result = session.execute(delete(MemoryChunk).where(
         MemoryChunk.user_id == memory.owner_id, MemoryChunk.source_key == SAVED,
@@ -498,7 +522,7 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
     find_memory(session, owner_id, memory_id)  # 404/410 before waiting on any lock
     # The build's lock first, then the row: a running build of this owner finishes (and
     # commits what it wrote) before we delete; a later one reads the memory as forgotten.
-    lock_user(session, owner_id)
+    _wait_for_builds(session, owner_id)
     memory = find_memory(session, owner_id, memory_id, lock=True)
     from_status = memory.status
 

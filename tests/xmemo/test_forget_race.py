@@ -387,3 +387,30 @@ def test_an_edit_of_a_memory_hard_deleted_meanwhile_is_gone_not_an_error(app, co
         editor.rollback()
         editor.close()
         eraser.close()
+
+
+def test_a_forget_waits_for_a_build_only_so_long_then_says_busy_and_changes_nothing(
+        app, committed, monkeypatch):
+    from dashboard.memory.pipeline import lock_user
+    from dashboard.xmemo import services
+    from dashboard.xmemo.services import BUSY, MemoryBusy
+
+    monkeypatch.setattr(services, "BUILD_WAIT", "200ms")
+    owner = committed.user()
+    memory = make_memory(committed.session, owner, SECRET)
+    committed.session.commit()
+    with app.app_context():
+        build, forgetter = Session(db.engine), Session(db.engine)
+    try:
+        lock_user(build, owner.id)  # a long build holds the owner's lock
+        with pytest.raises(MemoryBusy) as refused:
+            forget_memory(forgetter, owner.id, memory.id, mode="redact", actor=ACTOR,
+                          scopes=ALL_SCOPES)
+        assert refused.value.detail == BUSY
+        forgetter.rollback()
+        assert find_memory(forgetter, owner.id, memory.id).status == "active"
+        assert forgetter.scalar(text("SHOW lock_timeout")) == "0"  # nothing left set
+    finally:
+        build.rollback()
+        build.close()
+        forgetter.close()
