@@ -75,7 +75,7 @@ def _create(email: str, password: str, name: str, role: str, plan_ref: str | Non
             plan=plan, min_password_length=current_app.config["PASSWORD_MIN_LENGTH"],
         )
     except accounts.AccountError as exc:
-        _fail(str(exc))
+        _fail(exc.sentence)
     record_event(db.session, action="user.create", actor=CLI_ACTOR, owner_id=user.id,
                  target_type="user", target_id=user.id,
                  details={"after": {"role": user.role, "plan_id": user.plan_id}})
@@ -118,7 +118,7 @@ def set_role_command(email: str, role: str) -> None:
     try:
         change = accounts.set_role(db.session, user, role, actor=CLI_ACTOR)
     except accounts.AccountError as exc:
-        _fail(str(exc))
+        _fail(exc.sentence)
     db.session.commit()
     click.echo(f"{user.email}: {change.before} -> {change.after}")
 
@@ -177,7 +177,7 @@ def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
     try:
         plan = accounts.find_plan(db.session, plan_ref)
     except accounts.AccountError as exc:
-        _fail(str(exc))
+        _fail(exc.sentence)
     total = 0
     for count in request_builds_for_plan(db.session, plan, mode=mode):
         db.session.commit()

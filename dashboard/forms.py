@@ -14,12 +14,22 @@ from flask_wtf import FlaskForm
 from dashboard.extensions import db
 
 
-class FieldError(ValueError):
+class Refusal(ValueError):
+    """A service's refusal in a sentence written for the person who asked (``sentence``),
+    with the form field it is about, if any. Pages show ``sentence`` — never ``str()``
+    of an arbitrary exception, which can carry SQL, parameters or content."""
+
+    def __init__(self, sentence: str, field: str | None = None) -> None:
+        super().__init__(sentence)
+        self.sentence = sentence
+        self.field = field
+
+
+class FieldError(Refusal):
     """A value a service refused, with the name of the form field it is about."""
 
     def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field)
 
 
 def save_form(form: FlaskForm, save: Callable[[], Any], *, saved: str, endpoint: str) -> Any:
@@ -32,7 +42,7 @@ def save_form(form: FlaskForm, save: Callable[[], Any], *, saved: str, endpoint:
     try:
         save()
     except FieldError as exc:
-        getattr(form, exc.field).errors.append(str(exc))
+        getattr(form, exc.field).errors.append(exc.sentence)
         return None
     db.session.commit()
     flash(saved, "success")

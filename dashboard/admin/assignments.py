@@ -107,7 +107,7 @@ class AssignmentView(_RoleGate, BaseView):
         try:
             change = self._change()
         except PlanError as exc:
-            return self._matrix(str(exc), 400)
+            return self._matrix(exc.sentence, 400)
         return self._preview(change)
 
     @expose("/apply", methods=["POST"])
@@ -115,7 +115,7 @@ class AssignmentView(_RoleGate, BaseView):
         try:
             change = self._change()
         except PlanError as exc:
-            return self._matrix(str(exc), 400)
+            return self._matrix(exc.sentence, 400)
         expected = request.form.get("expected", "")
         actor = Actor.of(current_user)
         try:

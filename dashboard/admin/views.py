@@ -165,9 +165,9 @@ class StaffModelView(_RoleGate, ModelView):
             # ``errors`` are the services' own refusals: sentences written for people.
             field = getattr(form, getattr(exc, "field", None) or "", None)
             if field is not None:
-                field.errors = [*field.errors, str(exc)]
+                field.errors = [*field.errors, exc.sentence]
             else:
-                flash(str(exc), "error")
+                flash(exc.sentence, "error")
         except SQLAlchemyError as exc:
             db.session.rollback()
             self.handle_view_exception(exc)

@@ -13,6 +13,7 @@ from werkzeug.security import check_password_hash, generate_password_hash
 from dashboard.audit.services import Actor, changes, record_event
 from dashboard.auth.models import ROLES, User
 from dashboard.extensions import db
+from dashboard.forms import Refusal
 from dashboard.plans.models import Plan
 
 EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
@@ -27,12 +28,8 @@ COMMON_PASSWORDS = frozenset({
 _DUMMY_HASH = generate_password_hash("not-a-real-password-ever")
 
 
-class AccountError(ValueError):
+class AccountError(Refusal):
     """A clear, user-facing reason an account operation was refused."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def normalise_email(email: str) -> str:

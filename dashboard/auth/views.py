@@ -36,7 +36,7 @@ def signup():
             )
         except services.AccountError as exc:
             # Nothing was written: create_user checks before it adds.
-            getattr(form, exc.field or "email").errors.append(str(exc))
+            getattr(form, exc.field or "email").errors.append(exc.sentence)
         else:
             db.session.commit()
             login_user(user)

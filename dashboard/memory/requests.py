@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
+from dashboard.forms import Refusal
 from dashboard.memory.models import BUILD_MODES, BUILD_TRIGGERS, MemoryBuild
 from dashboard.memory.queue import build_job_id, fanout_job_id, get_build_queue
 from dashboard.plans.models import Plan
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 _PENDING = "orbitpilot.pending_jobs"
 
 
-class BuildRequestError(ValueError):
+class BuildRequestError(Refusal):
     """A build request refused for a reason the person asking should read."""
 
 

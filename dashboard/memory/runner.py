@@ -44,7 +44,7 @@ def describe_error(exc: BaseException) -> str:
         return f"database error {type(exc.orig).__name__}" + (f" (SQLSTATE {code})" if code
                                                                   else "")
     if isinstance(exc, BuildRequestError):
-        return str(exc)
+        return exc.sentence
     return f"{type(exc).__name__} during the build"
 
 

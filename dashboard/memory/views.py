@@ -35,7 +35,7 @@ def update_now():
     try:
         asked = request_user_update(db.session, current_user)
     except RateLimited as exc:
-        flash(str(exc), "warning")  # RateLimited is our own sentence, with the wait
+        flash(exc.sentence, "warning")
         return redirect(url_for("memory.status"), 303)
     db.session.commit()
     if asked.merged:

@@ -20,6 +20,7 @@ from dashboard.audit.services import Actor, changes, record_event
 from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_TITLE as BLINK_MAX_TITLE
 from dashboard.blinks.services import BlinkError, create_blink
+from dashboard.forms import Refusal
 from dashboard.ids import find_owned
 from dashboard.memory.embedders import Embedder
 from dashboard.memory.requests import BuildRequest, request_build
@@ -55,7 +56,7 @@ REMEMBERED_LABEL = "Remembered"
 REMEMBER_TOGGLE_ACTION = "message.remember_toggle"
 
 
-class ChatError(ValueError):
+class ChatError(Refusal):
     """A chat action refused, with the status and a sentence the person should read."""
 
     status = 400
@@ -451,5 +452,5 @@ def catch_reply(session: Session, *, user_id: int, message_id: Any) -> CatchResu
                                     title=derive_title(message.content, BLINK_MAX_TITLE // 2),
                                     content=message.content)
     except BlinkError as exc:
-        raise ChatError(str(exc)) from None
+        raise ChatError(exc.sentence) from None
     return CatchResult(message.id, message.conversation_id, blink.id, blink.title)

@@ -69,8 +69,8 @@ def _refuse(error: ChatError):
     """A refused action (services refuse before they write): JSON for JSON clients, else
     the error page (never a 500)."""
     if _json_requested():
-        return _problem(error.status, str(error))
-    abort(error.status, str(error))
+        return _problem(error.status, error.sentence)
+    abort(error.status, error.sentence)
 
 
 def _conversation_url(conversation_id: int | None, anchor: int | None = None) -> str:
@@ -235,9 +235,9 @@ def send():
 def _send_refused(error: ChatError, draft: str, conversation_id: Any):
     """JSON: the problem. A form: the chat again, with the error and the draft kept."""
     if _json_requested():
-        return _problem(error.status, str(error))
+        return _problem(error.status, error.sentence)
     if error.status == 404:
-        abort(404, str(error))
+        abort(404, error.sentence)
     found, messages = None, []
     if conversation_id is not None and current_user.is_authenticated:
         try:
@@ -246,7 +246,7 @@ def _send_refused(error: ChatError, draft: str, conversation_id: Any):
         except ChatError:
             found = None
     return _render_chat(conversation=found, messages=messages, draft=draft[:20_000],
-                        error=str(error), status=error.status)
+                        error=error.sentence, status=error.status)
 
 
 def _guest_send(text: str):
@@ -255,9 +255,9 @@ def _guest_send(text: str):
                                              responder=_responder())
     except ChatError as exc:
         if _json_requested():
-            return _problem(exc.status, str(exc))
+            return _problem(exc.status, exc.sentence)
         return _render_chat(messages=services.guest_turns(session.get(GUEST_SESSION_KEY)),
-                            draft=text[:20_000], error=str(exc), status=exc.status)
+                            draft=text[:20_000], error=exc.sentence, status=exc.status)
     session[GUEST_SESSION_KEY] = kept
     if _json_requested():
         return jsonify(_exchange_json(exchange, services.GUEST_CHAT_MEMORY, guest=True)), 201

@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dashboard.audit.services import Actor, changes, record_event
+from dashboard.forms import Refusal
 from dashboard.plans.impact import (
     ASSIGNMENT_VALUES,
     Impact,
@@ -29,12 +30,11 @@ SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 MAX_PRICE_CENTS = 100_000_000
 
 
-class PlanError(ValueError):
+class PlanError(Refusal):
     """A plan change refused, with the form field it is about."""
 
     def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field)
 
 
 class PlanChanged(PlanError):

@@ -80,7 +80,7 @@ def index():
             scopes=form.scopes.data or [], expires_at=_expiry(form.expires_at.data),
             actor=Actor.of(current_user))
     except FieldError as exc:
-        getattr(form, exc.field).errors.append(str(exc))
+        getattr(form, exc.field).errors.append(exc.sentence)
         return _render_index(form, 400)
     db.session.commit()
     response = make_response(render_template("settings/keys_created.html", key=key,
