@@ -203,9 +203,11 @@ def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...],
     only for the conversations written by a transaction that build could not see (still
     running when it read its inputs, or later), the other sources whole. Without a state,
     or with chunks of another embedding model, it compares everything."""
-    state = session.get(MemoryState, user_id)
+    state, another_history = session.execute(
+        select(MemoryState, _FROM_ANOTHER_HISTORY).where(MemoryState.user_id == user_id)
+    ).first() or (None, False)
     if state is None or summary.foreign_model or state.embedding_model != model \
-            or _from_another_history(session, state.snapshot):
+            or another_history:
         return compare_everything(session, user_id, included, model)
 
     comparison = Comparison(incremental=True)
@@ -224,13 +226,13 @@ def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...],
     return comparison
 
 
-def _from_another_history(session: Session, snapshot: str) -> bool:
-    """Whether the note's snapshot is ahead of the server's transaction counter: the
-    database was restored from a dump or moved by logical replication, which start the
-    counter again lower. Every later stamp would then look older than the note, and seen."""
-    return bool(session.scalar(
-        text("SELECT pg_snapshot_xmax(CAST(:snapshot AS pg_snapshot)) > "
-             "pg_snapshot_xmax(pg_current_snapshot())"), {"snapshot": snapshot}))
+# Whether the note's snapshot is ahead of the server's transaction counter: the database
+# was restored from a dump or moved by logical replication, which start the counter again
+# lower. Every later stamp would then look older than the note, and seen. Read with the
+# note, in the same statement.
+_FROM_ANOTHER_HISTORY = text(
+    "pg_snapshot_xmax(CAST(memory_states.snapshot AS pg_snapshot)) > "
+    "pg_snapshot_xmax(pg_current_snapshot())")
 
 
 def with_own_transaction(snapshot: str, own: str | None) -> str:

@@ -452,8 +452,9 @@ def receipts_of_memory(session: Session, owner_id: int, memory_id: object) -> li
 def _wait_for_builds(session: Session, owner_id: int) -> None:
     """The build lock (``lock_user``), waited for at most BUILD_WAIT: a build that crosses
     the HNSW threshold may hold it for minutes, and an API call must not hang that long."""
-    previous = session.scalar(select(func.current_setting("lock_timeout")))
-    session.execute(select(func.set_config("lock_timeout", BUILD_WAIT, True)))
+    previous, _ = session.execute(select(func.current_setting("lock_timeout"),
+                                         func.set_config("lock_timeout", BUILD_WAIT, True))
+                                  ).one()
     try:
         lock_user(session, owner_id)
     except OperationalError as exc:

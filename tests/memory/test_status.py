@@ -395,12 +395,12 @@ def test_query_count_does_not_grow_with_builds_chunks_or_sources(client, db_sess
     big = _page_queries(client, auth, count_queries, "big@example.test")
     assert len(small) == len(big)
     # The page's own: the plan (1: the chat notice shares it), the builds (1), flagged
-    # messages (1), and the dry run: the memory state (1), stored chunks per source and
-    # model (1), the sources it re-reads whole (3 extractions + their stored keys: 4 on
-    # this plan), chat history's changed conversations (2) — 11. The docked chat window,
-    # another surface on every page, adds its own (1). The user comes from the test
-    # session's identity map; in production Flask-Login adds one.
-    assert len(big) == 12, "\n".join(big)
+    # messages (1), and the dry run: the memory state (1, read with the check that it
+    # comes from this server's transaction history), stored chunks per source and model
+    # (1), the sources it re-reads whole (extractions + their stored keys), chat history.
+    # The docked chat window, another surface on every page, adds its own (1). The user
+    # comes from the test session's identity map; in production Flask-Login adds one.
+    assert len(big) == 11, "\n".join(big)
 
 
 def test_chunks_of_a_source_no_longer_offered_are_shown_and_counted_as_removals(

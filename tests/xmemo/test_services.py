@@ -924,3 +924,12 @@ def test_a_metadata_only_edit_keeps_the_chunks(db_session, owner):
     build(db_session, owner)
     update_memory(db_session, memory, metadata={"topic": "travel"}, actor=Actor.of(owner))
     assert saved_chunks(db_session, memory.id) == [CONTENT]
+
+
+def test_a_forget_leaves_the_transactions_lock_timeout_as_it_found_it(db_session, owner):
+    from sqlalchemy import text
+
+    memory = make_memory(db_session, owner, CONTENT)
+    before = db_session.scalar(text("SHOW lock_timeout"))
+    forget_memory(db_session, owner.id, memory.id, mode="soft_delete", actor=Actor.of(owner))
+    assert db_session.scalar(text("SHOW lock_timeout")) == before
