@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor, record_event
+from dashboard.forms import Refusal
 from dashboard.ids import INT4_MAX, parse_id
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import lock_user
@@ -61,14 +62,16 @@ SCOPE_FOR_MODE = {
 
 # -- errors: each carries the HTTP status the API answers with, and a plain sentence ---------
 
-class MemoryServiceError(Exception):
+class MemoryServiceError(Refusal):
+    """A refusal with the HTTP status the API answers with; ``detail`` is its sentence
+    (the problem+json field's name)."""
+
     status = 400
     title = "Bad request"
 
-    def __init__(self, detail: str, field: str | None = None) -> None:
-        super().__init__(detail)
-        self.detail = detail
-        self.field = field
+    @property
+    def detail(self) -> str:
+        return self.sentence
 
 
 class InvalidMemoryInput(MemoryServiceError):
