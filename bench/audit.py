@@ -1,4 +1,4 @@
-"""Audit log benchmark (§8): the staff view and the verifier over a large, valid chain.
+"""Audit log benchmark: the staff view and the verifier over a large, valid chain.
 
     .venv/bin/python bench/audit.py                  # 1,000,000 events
     .venv/bin/python bench/audit.py --events 100000  # a smaller run

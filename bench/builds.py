@@ -1,4 +1,4 @@
-"""Memory build and retrieval benchmark (§6). Prints every figure of issue 10 beside its
+"""Memory build and retrieval benchmark. Prints every figure of issue 10 beside its
 target, from one run.
 
     .venv/bin/python bench/builds.py                 # the full sizes of the issue

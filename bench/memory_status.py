@@ -1,4 +1,4 @@
-"""Memory Status page benchmark (§4): one user with 10,000 chat pairs.
+"""Memory Status page benchmark: one user with 10,000 chat pairs.
 
     .venv/bin/python bench/memory_status.py               # 10,000 pairs, 30 loads
     .venv/bin/python bench/memory_status.py --pairs 1000  # a smaller run
@@ -79,9 +79,9 @@ def make_user(app, pairs: int) -> int:
 
     from dashboard.auth.models import User
     from dashboard.blinks.models import Blink
+    from dashboard.memories.models import Memory
     from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
     from dashboard.plans.models import Plan
-    from dashboard.xmemo.models import Memory
 
     rng = random.Random(4)
 
@@ -132,15 +132,15 @@ def make_user(app, pairs: int) -> int:
 def first_build(app, user_id: int) -> None:
     """One real build, requested and run the way a worker runs it."""
     from dashboard.memory.models import MemoryBuild
-    from dashboard.memory.queue import get_build_queue
     from dashboard.memory.requests import request_build
     from dashboard.memory.runner import execute_build
+    from dashboard.queues import build_queue
 
     started = time.perf_counter()
     with app.app_context():
         request = request_build(db.session, user_id, mode="full", trigger="admin")
         db.session.commit()
-        get_build_queue().empty()  # run here, not by whatever worker listens
+        build_queue().rq().empty()  # run here, not by whatever worker listens
         status = execute_build(request.build_id)
         build = db.session.get(MemoryBuild, request.build_id)
         print(f"first build: {status} in {time.perf_counter() - started:,.1f} s, "
@@ -151,8 +151,8 @@ def first_build(app, user_id: int) -> None:
 def change_a_little(app, owner_url: str, user_id: int) -> None:
     """What the dry run should find: 25 pairs flagged, 5 Blinks written since."""
     from dashboard.blinks.models import Blink
-    from dashboard.memory.queue import get_build_queue
     from dashboard.orbitpilot.models import Message
+    from dashboard.queues import build_queue
 
     with app.app_context():
         ids = db.session.scalars(select(Message.id).where(
@@ -163,7 +163,7 @@ def change_a_little(app, owner_url: str, user_id: int) -> None:
         db.session.add_all([Blink(user_id=user_id, title="new", content=f"a new Blink {n}")
                             for n in range(5)])
         db.session.commit()  # the Blinks' ORM flush requests a build: it stays queued
-        get_build_queue().empty()
+        build_queue().rq().empty()
         db.session.remove()
     # Statistics, as a live database has them (the app role owns no table to ANALYZE).
     owner = create_engine(owner_url, isolation_level="AUTOCOMMIT")
@@ -248,9 +248,9 @@ def main() -> int:
         print(f"bench ran {time.perf_counter() - started:,.1f} s")
     finally:
         with app.app_context():
-            from dashboard.memory.queue import get_build_queue
+            from dashboard.queues import build_queue
 
-            queue = get_build_queue()
+            queue = build_queue().rq()
             queue.empty()
             queue.delete(delete_jobs=True)
             db.engine.dispose()

@@ -1,17 +1,20 @@
-"""Flask CLI commands: embedded services, accounts, demo data."""
+"""Flask CLI commands: embedded services, accounts, demo data, the audit log, erasure
+upkeep. The worker and the build commands are ``jobs.cli``'s."""
 
 from __future__ import annotations
+
+import json
 
 import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 
-from dashboard.audit.services import Actor, record_event
+from dashboard.audit.services import CLI_ACTOR, checkpoint_chain, record_event, verify_chain
 from dashboard.auth import services as accounts
+from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
+from dashboard.embedded import get_services
 from dashboard.extensions import db
-
-# Commands run by whoever operates the server: the audit log names them as such.
-CLI_ACTOR = Actor("system", "cli")
+from dashboard.memories.erasure import vacuum_after_erasures
 
 
 def register_cli(app: Flask) -> None:
@@ -20,8 +23,6 @@ def register_cli(app: Flask) -> None:
     app.cli.add_command(create_user_command)
     app.cli.add_command(set_role_command)
     app.cli.add_command(seed_demo_command)
-    app.cli.add_command(worker_command)
-    app.cli.add_command(builds_group)
     app.cli.add_command(audit_group)
     app.cli.add_command(memories_group)
 
@@ -35,8 +36,6 @@ def services_group() -> None:
 @with_appcontext
 def services_status() -> None:
     """Whether they answer, and which processes hold them (starts nothing)."""
-    import json
-
     click.echo(json.dumps(_embedded().status(), indent=2))
 
 
@@ -58,8 +57,6 @@ def services_stop(if_unused: bool, force: bool) -> None:
 
 
 def _embedded():
-    from dashboard.embedded import get_services
-
     return get_services(current_app.config["EMBEDDED_DIR"])
 
 
@@ -128,94 +125,11 @@ def set_role_command(email: str, role: str) -> None:
 @with_appcontext
 def seed_demo_command(password: str | None) -> None:
     """Demo plans (Free, Plus, Team), users on each, support and admin accounts."""
-    from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
-
     password = password or DEMO_PASSWORD
     seeded = seed_demo(db.session, password)
     db.session.commit()
     for line in describe_seeded(seeded, password):
         click.echo(line)
-
-
-@click.command("worker")
-@click.option("--burst", is_flag=True, help="work until the queue is empty, then exit")
-@click.option("--simple", is_flag=True, help="run jobs in this process (no fork per job)")
-@with_appcontext
-def worker_command(burst: bool, simple: bool) -> None:
-    """Run a build worker (RQ) with the app context, plus sweeping and the schedule."""
-    from jobs.worker import run_worker
-
-    run_worker(current_app._get_current_object(), burst=burst, simple=simple)
-
-
-@click.group("builds", help="Memory builds: request, sweep, schedule.")
-def builds_group() -> None:
-    pass
-
-
-@builds_group.command("request")
-@click.option("--user", "email", default=None, help="one user's email")
-@click.option("--plan", "plan_ref", default=None, help="every user of a plan (slug or name)")
-@click.option("--mode", type=click.Choice(["quick", "full"]), default="quick",
-              show_default=True)
-@with_appcontext
-def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
-    """Request a build for one user or a whole plan (committed a batch at a time)."""
-    from dashboard.memory.requests import request_builds_by_staff, request_builds_for_plan
-
-    if bool(email) == bool(plan_ref):
-        _fail("Give exactly one of --user or --plan.")
-    if email:
-        user = accounts.get_user_by_email(db.session, email)
-        if user is None:
-            _fail(f"No account with email {email!r}.")
-        (request,) = request_builds_by_staff(db.session, [user.id], mode=mode, actor=CLI_ACTOR)
-        db.session.commit()
-        state = "merged into queued build" if request.merged else "queued as build"
-        click.echo(f"{user.email}: {state} {request.build_id}")
-        return
-    try:
-        plan = accounts.find_plan(db.session, plan_ref)
-    except accounts.AccountError as exc:
-        _fail(exc.sentence)
-    total = 0
-    for count in request_builds_for_plan(db.session, plan, mode=mode):
-        db.session.commit()
-        total += count
-    # Recorded once the requests are in, in a short transaction of its own: the chain's
-    # lock is never held across the batches.
-    record_event(db.session, action="build.request_plan", actor=CLI_ACTOR, target_type="plan",
-                 target_id=plan.id, mode=mode, details={"users": total})
-    db.session.commit()
-    click.echo(f"{plan.slug}: requested {mode} builds for {total} user(s)")
-
-
-@builds_group.command("sweep")
-@with_appcontext
-def builds_sweep() -> None:
-    """Fail builds whose worker died; push queued builds whose job was lost."""
-    from dashboard.memory.maintenance import sweep_builds
-
-    result = sweep_builds(db.session)
-    db.session.commit()
-    click.echo(f"failed {result.failed}, re-enqueued {result.requeued}")
-
-
-@builds_group.command("schedule")
-@click.option("--all", "everyone", is_flag=True, help="every active user, changed or not")
-@with_appcontext
-def builds_schedule(everyone: bool) -> None:
-    """Cron-friendly: request quick builds for users whose memory inputs changed."""
-    from dashboard.memory.maintenance import (
-        request_idle_conversation_builds,
-        request_scheduled_builds,
-    )
-
-    idle = request_idle_conversation_builds(
-        db.session, idle_minutes=current_app.config["CONVERSATION_IDLE_MINUTES"])
-    scheduled = request_scheduled_builds(db.session, everyone=everyone)
-    db.session.commit()
-    click.echo(f"requested {scheduled} scheduled and {idle} idle-conversation build(s)")
 
 
 @click.group("audit", help="The append-only, hash-chained audit log.")
@@ -230,8 +144,6 @@ def audit_group() -> None:
 @with_appcontext
 def audit_verify(expected: tuple[str, ...]) -> None:
     """Recompute the hash chain; print OK or the first broken event (exit status 1)."""
-    from dashboard.audit.services import verify_chain
-
     heads = {}
     for item in expected:
         seq, _, head_hash = item.partition(":")
@@ -250,8 +162,6 @@ def audit_verify(expected: tuple[str, ...]) -> None:
 @with_appcontext
 def audit_checkpoint() -> None:
     """Write the chain head down (the worker also does this periodically)."""
-    from dashboard.audit.services import checkpoint_chain
-
     checkpoint = checkpoint_chain(db.session)
     db.session.commit()
     if checkpoint is None:
@@ -271,8 +181,6 @@ def memories_vacuum() -> None:
     """VACUUM the memory tables now if redactions or hard deletes wait for it, and record
     it on their erasure receipts (workers also do this periodically). Exit status 1 when
     the database refused the VACUUM."""
-    from dashboard.xmemo.erasure import vacuum_after_erasures
-
     db.session.commit()  # nothing of ours open while the VACUUM runs
     result = vacuum_after_erasures(db.session)
     click.echo(result.describe())

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection, make_url
 
 # Tables the app may only read and append to.
 APPEND_ONLY_TABLES = ("audit_events", "audit_checkpoints")
-# Tables the app VACUUMs after redactions and hard deletes (xmemo.erasure): MAINTAIN on
+# Tables the app VACUUMs after redactions and hard deletes (memories.erasure): MAINTAIN on
 # these alone, PostgreSQL 17+ (before that only an owner may VACUUM a table).
 VACUUMED_TABLES = ("memories", "memory_versions", "memory_chunks")
 MAINTAIN_SINCE = 170000  # server_version_num

@@ -12,9 +12,9 @@ from dashboard.auth.models import User
 from dashboard.auth.services import create_user, get_user_by_email
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
+from dashboard.memories.models import Memory
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.plans.models import Plan, SourceAssignment
-from dashboard.xmemo.models import Memory
 
 DEMO_PASSWORD = "orbit-demo-2026"
 

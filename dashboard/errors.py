@@ -3,12 +3,32 @@
 from __future__ import annotations
 
 import logging
+import time
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, g, jsonify, render_template, request
+from flask_limiter.errors import RateLimitExceeded
 from flask_wtf.csrf import CSRFError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from sqlalchemy.exc import DataError, InterfaceError, OperationalError
 from werkzeug.exceptions import HTTPException, InternalServerError
 
+from dashboard.embedded import EmbeddedError
+from dashboard.extensions import db, login_manager
+from dashboard.refusals import Refusal
+from dashboard.security import get_limiter
+
 log = logging.getLogger(__name__)
+
+# A service refusal's kind → the status a page (or a page's JSON) answers with.
+PAGE_STATUS = {"invalid": 400, "forbidden": 403, "not_found": 404, "gone": 410,
+               "conflict": 409, "busy": 503, "too_soon": 429, "failed": 502}
+TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+          409: "Conflict", 410: "Gone", 429: "Too Many Requests", 502: "Bad Gateway",
+          503: "Service Unavailable"}
+
+
+def refusal_status(refusal: Refusal) -> int:
+    return PAGE_STATUS.get(refusal.kind, 400)
 
 
 def wants_json() -> bool:
@@ -33,8 +53,6 @@ TOO_MANY = "Too many attempts. Please wait {wait} and try again."
 
 
 def _rollback() -> None:
-    from dashboard.extensions import db
-
     try:
         db.session.rollback()
     except Exception as exc:  # the connection may be what failed
@@ -55,18 +73,8 @@ def _page(code: int, title: str, detail: str):
 
 
 def register_error_handlers(app: Flask) -> None:
-    from flask_limiter.errors import RateLimitExceeded
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from sqlalchemy.exc import DataError, InterfaceError, OperationalError
-
-    from dashboard.embedded import EmbeddedError
-
     @app.errorhandler(RateLimitExceeded)
     def too_many(exc: RateLimitExceeded):
-        import time
-
-        from dashboard.security import get_limiter
-
         current = get_limiter().current_limit
         wait = max(1, int(current.reset_at - time.time())) if current else 60
         return _page(429, "Too many attempts", TOO_MANY.format(wait=_wait_words(wait)))
@@ -87,10 +95,6 @@ def register_error_handlers(app: Flask) -> None:
     def unavailable(exc: Exception):
         _rollback()
         # The page must not ask the database who is signed in: it is what just failed.
-        from flask import g
-
-        from dashboard.extensions import login_manager
-
         g._login_user = login_manager.anonymous_user()
         log.error("service unavailable: %s on %s %s", type(exc).__name__, request.method,
                   request.path)
@@ -113,7 +117,7 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def unhandled(exc: Exception):
-        # The exception type only: messages can quote user content (§8).
+        # The exception type only: messages can quote user content.
         log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.path,
                   exc_info=app.debug)
         if app.testing and app.config.get("PROPAGATE_TEST_ERRORS", True):

@@ -1,6 +1,7 @@
-"""What the user's own pages (Blinks, profile facts, documents) do with a form the same
-way: the service validates and refuses with the field it is about; the view saves,
-commits, says so and goes back to the list, or shows the form again with the error."""
+"""What the user's own pages (Blinks, profile facts, documents) do the same way: find the
+signed-in user's row an id names (else 404), and save a form — the service validates and
+refuses with the field it is about; the view commits, says so and goes back to the list,
+or shows the form again with the error."""
 
 from __future__ import annotations
 
@@ -10,26 +11,12 @@ from urllib.parse import urlsplit
 
 from flask import flash, redirect, url_for
 from flask_wtf import FlaskForm
+from sqlalchemy.orm import Session
+from werkzeug.exceptions import NotFound
 
 from dashboard.extensions import db
-
-
-class Refusal(ValueError):
-    """A service's refusal in a sentence written for the person who asked (``sentence``),
-    with the form field it is about, if any. Pages show ``sentence`` — never ``str()``
-    of an arbitrary exception, which can carry SQL, parameters or content."""
-
-    def __init__(self, sentence: str, field: str | None = None) -> None:
-        super().__init__(sentence)
-        self.sentence = sentence
-        self.field = field
-
-
-class FieldError(Refusal):
-    """A value a service refused, with the name of the form field it is about."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message, field)
+from dashboard.ids import Model, find_owned
+from dashboard.refusals import FieldError
 
 
 def save_form(form: FlaskForm, save: Callable[[], Any], *, saved: str, endpoint: str) -> Any:
@@ -58,3 +45,12 @@ def same_site_path(target: str | None) -> str | None:
         return None
     parts = urlsplit(target)
     return target if not parts.scheme and not parts.netloc else None
+
+
+def owned_or_404(session: Session, model: type[Model], raw_id: object, user_id: int,
+                 description: str) -> Model:
+    """As ``find_owned``, with a 404 saying ``description`` when there is no such row."""
+    record = find_owned(session, model, raw_id, user_id)
+    if record is None:
+        raise NotFound(description)
+    return record

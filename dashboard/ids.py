@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from werkzeug.exceptions import NotFound
 
 INT4_MAX = 2**31 - 1  # PostgreSQL ``integer``
 INT8_MAX = 2**63 - 1  # PostgreSQL ``bigint``
@@ -50,12 +49,3 @@ def find_owned(session: Session, model: type[Model], raw_id: object, user_id: in
     if lock:
         query = query.with_for_update()
     return session.scalars(query).first()
-
-
-def owned_or_404(session: Session, model: type[Model], raw_id: object, user_id: int,
-                 description: str) -> Model:
-    """As ``find_owned``, with a 404 saying ``description`` when there is no such row."""
-    record = find_owned(session, model, raw_id, user_id)
-    if record is None:
-        raise NotFound(description)
-    return record

@@ -4,10 +4,10 @@ from dashboard.audit.models import AuditCheckpoint, AuditEvent
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
-from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
+from dashboard.memory import MemoryBuild, MemoryChunk
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.plans.models import Plan, SourceAssignment
-from dashboard.xmemo.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 
 __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "Conversation", "Document",

@@ -13,6 +13,8 @@ from urllib.parse import parse_qsl
 from flask import Flask, abort, request
 from flask_limiter.util import get_remote_address
 
+from dashboard.auth.services import normalise_email
+
 log = logging.getLogger(__name__)
 
 UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or bytes "
@@ -114,8 +116,6 @@ def limiter_storage_uri(redis_url: str) -> str:
 
 
 def signin_account_key() -> str:
-    from dashboard.auth.services import normalise_email
-
     email = normalise_email(request.form.get("email", ""))
     # Without an email the attempt still counts, against the client.
     return f"account:{email}" if email else f"anonymous:{get_remote_address()}"

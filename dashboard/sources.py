@@ -1,4 +1,4 @@
-"""The source registry (§3): defined in code, ordered, and the order is the rank.
+"""The source registry: defined in code, ordered, and the order is the rank.
 
 Each entry owns everything about its source: its label and default, the extractor that
 turns a user's rows into records, and what it *watches* — the ORM writes that change
@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
+from dashboard.memories.models import Memory
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
-from dashboard.xmemo.models import Memory
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ SOURCES: tuple[Source, ...] = (
            "each answered (user message, assistant reply) pair not marked not-remembered",
            _extract_chat_history,
            # A new turn alone requests nothing: the conversation's end (or idleness)
-           # does (§5). Edits, flags and deletions request a build at once.
+           # does. Edits, flags and deletions request a build at once.
            (Watch(Message, "user_id", frozenset({"content", "not_remembered", "reply_to_id"}),
                   on_insert=False),
             Watch(Conversation, "user_id", on_insert=False, stamp=None))),

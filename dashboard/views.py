@@ -10,7 +10,8 @@ from sqlalchemy import text
 
 from dashboard.extensions import db
 from dashboard.plans.sentences import state_sentence
-from dashboard.plans.services import resolve_build_sources
+from dashboard.plans.web import resolution_of
+from dashboard.queues import redis_client
 
 log = logging.getLogger(__name__)
 bp = Blueprint("main", __name__)
@@ -21,7 +22,7 @@ def index():
     """Home: for a signed-in user, what their plan remembers; for a guest, the invitation."""
     if not current_user.is_authenticated:
         return render_template("index.html", resolution=None, rows=[])
-    resolution = resolve_build_sources(current_user)
+    resolution = resolution_of(current_user)
     rows = [(source, state_sentence(source, resolution)) for source in resolution.sources]
     return render_template("index.html", resolution=resolution, rows=rows)
 
@@ -44,9 +45,7 @@ def _postgres() -> None:
 
 
 def _redis() -> None:
-    from dashboard.memory.queue import get_redis
-
-    if not get_redis().ping():
+    if not redis_client().ping():
         raise ConnectionError("no PONG")
 
 

@@ -3,18 +3,21 @@ defaults, so jobs queued before a deploy still run after it."""
 
 from __future__ import annotations
 
+import os
+
+from dashboard import memory
+from dashboard.extensions import db
 from jobs import job_app
 
 
 def run_build(build_id: int) -> str:
     app = job_app()
     with app.app_context():
-        from dashboard.extensions import db
-        from dashboard.memory.runner import execute_build
-
         # A forked work horse must not reuse the parent's pooled connections.
         db.engine.dispose(close=False)
-        return execute_build(build_id)
+        settings = memory.settings_from(app.config)
+        return memory.execute_build(db.engine, build_id, settings=settings,
+                                    embedder=memory.get_embedder(settings.embedder))
 
 
 def fan_out_plan(plan_id: int, mode: str = "quick", trigger: str = "plan_change",
@@ -23,13 +26,11 @@ def fan_out_plan(plan_id: int, mode: str = "quick", trigger: str = "plan_change"
     admin asked to rebuild it)."""
     app = job_app()
     with app.app_context():
-        from dashboard.extensions import db
-        from dashboard.memory.maintenance import fan_out_plan_builds
-
         db.engine.dispose(close=False)
         try:
-            return fan_out_plan_builds(db.session, plan_id, mode=mode, trigger=trigger,
-                                       requested_by_id=requested_by_id)
+            return memory.fan_out_plan_builds(
+                db.session, plan_id, batch_size=app.config["BUILD_FANOUT_BATCH"], mode=mode,
+                trigger=trigger, requested_by_id=requested_by_id)
         finally:
             db.session.remove()
 
@@ -38,11 +39,7 @@ def work_horse_killed(job, retpid, ret_val, rusage) -> None:  # noqa: ARG001 (RQ
     """RQ calls this in the worker when a work horse dies outside Python (SIGKILL, OOM)."""
     if job.func_name != "jobs.builds.run_build" or not job.args:
         return
-    import os
-
     signal = f" (signal {os.WTERMSIG(ret_val)})" if ret_val and os.WIFSIGNALED(ret_val) else ""
     app = job_app()
     with app.app_context():
-        from dashboard.memory.runner import abandon_build
-
-        abandon_build(int(job.args[0]), f"worker process terminated{signal}")
+        memory.abandon_build(db.engine, int(job.args[0]), f"worker process terminated{signal}")

@@ -19,8 +19,17 @@ import threading
 import time
 
 from flask import Flask
-from rq import SimpleWorker, Worker
+from rq import SimpleWorker, Worker, get_current_job
 from rq.scheduler import RQScheduler
+
+import dashboard
+import jobs
+from dashboard import memory
+from dashboard.embedded import die_with_parent
+from dashboard.extensions import db
+from dashboard.queues import build_queue, redis_client
+from jobs.builds import work_horse_killed
+from jobs.periodic import run_due_tasks
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +41,6 @@ class JobIdFilter(logging.Filter):
     """Stamps the current RQ job id on every log record of a work horse."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from rq import get_current_job
-
         job = get_current_job()
         record.job_id = job.id if job else "-"
         return True
@@ -44,8 +51,6 @@ class ForkingWorker(Worker):
     worker that was killed would go on holding the database and the embedded servers."""
 
     def main_work_horse(self, job, queue):  # noqa: ANN001 (RQ's signature)
-        from dashboard.embedded import die_with_parent
-
         die_with_parent(self.pid, signal.SIGKILL)
         return super().main_work_horse(job, queue)
 
@@ -55,21 +60,15 @@ def import_everything() -> None:
     is forked. A fork copies a module lock that another thread holds mid-import; the work
     horse would then wait for that import forever (seen: a horse forked while the
     maintenance thread's first pass was importing)."""
-    import dashboard
-    import jobs
-
     for package in (dashboard, jobs):
         for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
             importlib.import_module(module.name)
 
 
 def maintenance_pass(app: Flask, holder: str) -> None:
-    from dashboard.extensions import db
-    from dashboard.memory.maintenance import run_due_tasks
-
     with app.app_context():
         try:
-            run_due_tasks(db.session, app.config, holder=holder)
+            run_due_tasks(db.session, app.config, build_queue(app), holder=holder)
         except Exception as exc:
             log.warning("maintenance pass failed: %s", type(exc).__name__)
         finally:
@@ -104,14 +103,10 @@ def maintenance_loop(app: Flask, stop: threading.Event, scheduler: RQScheduler |
 
 def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
                maintenance: bool = True) -> bool:
-    from dashboard.memory.embedders import preload_embedder
-    from dashboard.memory.queue import get_build_queue, get_redis
-    from jobs.builds import work_horse_killed
-
     worker_class = SimpleWorker if simple else ForkingWorker
     import_everything()
     # Once per worker process, before any thread starts or any job is forked.
-    preload_embedder(app.config["EMBEDDER"])
+    memory.preload_embedder(app.config["EMBEDDER"])
     # What is loaded now lives as long as the worker: out of the collector's sight, so a
     # work horse's full collections stay short and leave the pages it shares unwritten.
     gc.freeze()
@@ -123,10 +118,10 @@ def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
     logging.getLogger("dashboard").setLevel(logging.INFO)
 
     with app.app_context():
-        queue = get_build_queue(app)
-        worker = worker_class([queue], connection=get_redis(app),
+        queue = build_queue(app).rq()
+        worker = worker_class([queue], connection=redis_client(app),
                               work_horse_killed_handler=work_horse_killed)
-        scheduler = RQScheduler([queue], connection=get_redis(app))
+        scheduler = RQScheduler([queue], connection=redis_client(app))
     stop = threading.Event()
     thread = None
     holder = f"{socket.gethostname()}:{os.getpid()}"
@@ -160,8 +155,7 @@ def _record_interrupted_build(app: Flask, worker: Worker) -> None:
         return
     if not job_id or not job_id.startswith("build-"):
         return
-    from dashboard.memory.runner import abandon_build
-
     with app.app_context():
-        if abandon_build(int(job_id.removeprefix("build-")), "worker shut down during the build"):
+        if memory.abandon_build(db.engine, int(job_id.removeprefix("build-")),
+                                "worker shut down during the build"):
             log.warning("build %s recorded failed: the worker shut down during it", job_id)

@@ -145,11 +145,11 @@ def _drop_own_database(app) -> None:
 
 @pytest.fixture(scope="session")
 def app():
-    from dashboard.memory.queue import get_build_queue
+    from dashboard.queues import build_queue
 
     app = create_app(make_test_config())
     _reset_schema(app)
-    queue = get_build_queue(app)
+    queue = build_queue(app).rq()
     queue.empty()
     yield app
     queue.empty()
@@ -194,9 +194,9 @@ def db_session(app) -> Iterator:
 @pytest.fixture
 def queue(app):
     """This run's build queue, empty before and after the test."""
-    from dashboard.memory.queue import get_build_queue
+    from dashboard.queues import build_queue
 
-    queue = get_build_queue(app)
+    queue = build_queue(app).rq()
     queue.empty()
     yield queue
     queue.empty()

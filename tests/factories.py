@@ -1,15 +1,33 @@
-"""Factory helpers: they flush, never commit, so the per-test rollback undoes them."""
+"""The one factory module: users, plans, conversations, memories, keys, Blinks, builds
+and the embedders tests build with. Factories flush, never commit, so the per-test
+rollback undoes them (``committed`` callers commit themselves)."""
 
 from __future__ import annotations
 
 import itertools
+import threading
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import select, update
 from werkzeug.security import generate_password_hash
 
+from dashboard.audit.services import Actor
 from dashboard.auth.models import User
-from dashboard.memory.models import MemoryBuild
+from dashboard.blinks.models import Blink
+from dashboard.memories.keys import create_key
+from dashboard.memories.models import ApiKey, Memory
+from dashboard.memories.services import save_memory
+from dashboard.memory import MemoryBuild, get_embedder
+from dashboard.memory.pipeline import BuildResult, run_memory_build
+from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
 from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.plans.services import UserPlans
+
+ALL_SCOPES = ["memory:read", "memory:write", "memory:delete", "memory:redact",
+              "memory:hard_delete"]
 
 PASSWORD = "correct-horse-battery"
 # One cheap hash for every factory user: scrypt per user would dominate the suite's time.
@@ -103,3 +121,115 @@ class CountingEmbedder:
 
     def reset(self) -> None:
         self.texts.clear()
+
+
+# -- memories, keys, Blinks ------------------------------------------------------------------
+
+def make_memory(session, owner, content: str = "Prefers window seats on long flights.", *,
+                metadata: dict[str, Any] | None = None, source: str = "api",
+                actor: Actor | None = None) -> Memory:
+    """A memory saved through the service (version 1, audited, a build requested)."""
+    return save_memory(session, owner=owner, content=content, metadata=metadata,
+                       source=source, actor=actor or Actor.of(owner)).memory
+
+
+def insert_memory(session, owner, content: str, *, created_at: datetime,
+                  status: str = "active") -> Memory:
+    """A memory row written directly, with a chosen creation time (keyset ordering)."""
+    memory = Memory(owner_id=owner.id, content=content, status=status, created_at=created_at)
+    session.add(memory)
+    session.flush()
+    return memory
+
+
+def make_key(session, owner, *, scopes: Iterable[str] = ("memory:read", "memory:write"),
+             name: str = "test client", actor: Actor | None = None,
+             expires_at: datetime | None = None) -> tuple[ApiKey, str]:
+    """A key of ``owner`` made through the service, and its secret. ``memory:hard_delete``
+    among the scopes is granted as an admin would (the owner may not pick it)."""
+    scopes = list(scopes)
+    elevated = "memory:hard_delete" in scopes
+    key, raw = create_key(session, owner=owner, name=name,
+                          scopes=[s for s in scopes if s != "memory:hard_delete"] or
+                          ["memory:read"], expires_at=expires_at,
+                          actor=actor or Actor.of(owner))
+    if elevated:
+        key.scopes = [*key.scopes, "memory:hard_delete"]
+        session.flush()
+    return key, raw
+
+
+def make_blink(session, user, content: str = "a blink", *, title: str = "t",
+               excluded: bool = False) -> Blink:
+    blink = Blink(user_id=user.id, title=title, content=content,
+                  excluded_from_memory=excluded)
+    session.add(blink)
+    session.flush()
+    return blink
+
+
+# -- builds -----------------------------------------------------------------------------------
+
+def build(session, user, mode: str = "quick", embedder: Any = None, *,
+          threshold: int = DEFAULT_ANN_MIN_CHUNKS, commit: bool = False) -> BuildResult:
+    """One build of ``user``'s memory in the test's transaction (a counting embedder is
+    reset first, so its texts are this build's)."""
+    embedder = embedder or get_embedder("hashing")
+    if isinstance(embedder, CountingEmbedder):
+        embedder.reset()
+    result = run_memory_build(user, mode, session=session, embedder=embedder,
+                              ann_threshold=threshold)
+    if commit:
+        session.commit()
+    return result
+
+
+def builds_of(session, user_id: int) -> list[MemoryBuild]:
+    """``user_id``'s build records, oldest first."""
+    return list(session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id)
+                                .order_by(MemoryBuild.id)))
+
+
+def make_build_record(user, status: str = "succeeded", **fields) -> MemoryBuild:
+    """A build record as the runner leaves one (not added: the caller adds it)."""
+    now = datetime.now(UTC)
+    defaults = {"mode": "quick", "trigger": "schedule",
+                "started_at": now - timedelta(seconds=2) if status != "queued" else None,
+                "finished_at": now if status in ("succeeded", "failed") else None}
+    return MemoryBuild(user_id=user.id, status=status, **{**defaults, **fields})
+
+
+def plans_of(session) -> UserPlans:
+    """What a request's edge would pass the services: each user's plan, read once."""
+    return UserPlans(session)
+
+
+class SlowEmbedder:
+    """The hashing embedder, holding each call until ``release()`` (or ``hold`` seconds):
+    a test double of the embedder — never of the database — that keeps a real build busy
+    with a few pairs. ``started`` is set once a call is waiting."""
+
+    def __init__(self, hold: float = 60.0) -> None:
+        inner = get_embedder("hashing")
+        self.inner, self.name, self.dimensions = inner, inner.name, inner.dimensions
+        self.hold = hold
+        self.started = threading.Event()
+        self._released = threading.Event()
+
+    def embed(self, texts):
+        self.started.set()
+        self._released.wait(self.hold)
+        return self.inner.embed(texts)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+def wait_for(predicate, timeout: float = 30.0) -> bool:
+    """Poll ``predicate`` until it holds; the deadline only bounds a broken run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()

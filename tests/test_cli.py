@@ -6,6 +6,7 @@ from dashboard.auth.models import User
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.services import SourceState, resolve_build_sources
 from dashboard.sources import CHAT_HISTORY
+from tests.factories import plans_of
 
 
 def count(db_session, model) -> int:
@@ -75,7 +76,7 @@ def test_seed_demo_makes_the_three_plans_and_is_idempotent(runner, db_session):
 
     def chat_state(email):
         user = db_session.scalars(select(User).where(User.email == email)).one()
-        return resolve_build_sources(user).get(CHAT_HISTORY).state
+        return resolve_build_sources(user, plans_of(db_session)).get(CHAT_HISTORY).state
 
     assert chat_state("free@demo.orbitpilot.test") is SourceState.EVICTED_BY_CAP
     assert chat_state("plus@demo.orbitpilot.test") is SourceState.INCLUDED

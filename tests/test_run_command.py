@@ -1,4 +1,4 @@
-"""The run command (§10) as a person uses it: it serves, Ctrl+C ends all of it within
+"""The run command as a person uses it: it serves, Ctrl+C ends all of it within
 seconds, and a run killed at any moment leaves nothing the next run cannot recover from.
 Each run gets a fresh instance folder (a fresh clone's first run) and a port of its own."""
 

@@ -1,4 +1,4 @@
-"""What every request and response passes through (§10): security headers with a CSP the
+"""What every request and response passes through: security headers with a CSP the
 pages work under, a clear 400 for input PostgreSQL cannot store, /healthz per component."""
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Extraction (§6): what each source yields, and the chat-history pairing rules."""
+"""Extraction: what each source yields, and the chat-history pairing rules."""
 
 import pytest
 from sqlalchemy.exc import IntegrityError
 
 from dashboard.blinks.models import Blink
+from dashboard.memories.models import Memory
 from dashboard.orbitpilot.models import Message, ProfileFact
 from dashboard.sources import (
     _extract_chat_history,
@@ -12,7 +13,6 @@ from dashboard.sources import (
     extract_profile,
     extract_saved_memories,
 )
-from dashboard.xmemo.models import Memory
 from tests.factories import make_conversation, make_user, user_turns
 
 

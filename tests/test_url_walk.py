@@ -19,7 +19,7 @@ import pytest
 from flask import url_for
 
 from dashboard.extensions import db
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory import MemoryBuild
 from tests.conftest import csrf_from
 from tests.factories import PASSWORD, make_plan, make_user
 

@@ -1,4 +1,4 @@
-"""The assignment page (§9): plans × sources, the In-RAG switch per cell, the cap per
+"""The assignment page: plans × sources, the In-RAG switch per cell, the cap per
 plan, and an impact preview before either is applied.
 
 Plain forms, no JavaScript needed: a cell's button POSTs the change to ``preview``, which
@@ -17,7 +17,7 @@ from flask import abort, flash, redirect, request, url_for
 from flask_admin import BaseView, expose
 from flask_login import current_user
 
-from dashboard.admin.views import _RoleGate, parse_key
+from dashboard.admin.base import RoleGate, parse_key
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
 from dashboard.plans.editing import (
@@ -66,7 +66,7 @@ def _parse_cap(raw: str | None) -> int:
     return check_cap(int(text))
 
 
-class AssignmentView(_RoleGate, BaseView):
+class AssignmentView(RoleGate, BaseView):
     allowed_roles = ("admin",)
 
     @expose("/")

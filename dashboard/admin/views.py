@@ -1,194 +1,34 @@
-"""Flask-Admin: thin configuration over services. One ``StaffModelView`` base checks roles,
-refuses malformed ids, pages and filters with a 4xx, and turns every save error into a
-field error or a plain sentence — never exception text (which can quote SQL and its
-parameters). Writes go through the domain services, never ``form.populate_obj``."""
+"""Flask-Admin: thin configuration over services. Writes go through the domain services,
+never ``form.populate_obj``; staff pages show ids, states, counts, never content."""
 
 from __future__ import annotations
 
-import logging
-import re
-import uuid
 from typing import Any
 
-from flask import Flask, abort, flash, redirect, render_template, request, url_for
-from flask_admin import Admin, AdminIndexView, expose
+from flask import flash, render_template, request, url_for
 from flask_admin.actions import action
-from flask_admin.contrib.sqla import ModelView
 from flask_admin.contrib.sqla.filters import BaseSQLAFilter
-from flask_admin.model.base import ViewArgs
-from flask_admin.theme import Bootstrap4Theme
 from flask_login import current_user
-from flask_wtf import FlaskForm
-from flask_wtf.form import _Auto
 from markupsafe import Markup
-from sqlalchemy import BigInteger, Integer, select
-from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import select
 from sqlalchemy.orm import joinedload, selectinload
 from wtforms import SelectField
 from wtforms.fields import SelectChoice
 
+from dashboard.admin.base import AdminOnlyView, ReadOnlyView
 from dashboard.audit.services import Actor
-from dashboard.auth.models import ROLES
+from dashboard.auth.models import ROLES, User
+from dashboard.auth.services import AccountError, update_account
 from dashboard.extensions import db
-from dashboard.ids import INT4_MAX, INT8_MAX, parse_int
-
-log = logging.getLogger(__name__)
-
-SAVE_FAILED = "That change could not be saved, and nothing was changed. Try again."
-MAX_PAGE = 1_000_000
-_INT_LIMITS = {Integer: INT4_MAX, BigInteger: INT8_MAX}
-
-
-class _RoleGate:
-    """403 for a signed-in user without the role, a sign-in redirect otherwise."""
-
-    allowed_roles: tuple[str, ...] = ("support", "admin")
-
-    def is_accessible(self) -> bool:
-        return current_user.is_authenticated and current_user.role in self.allowed_roles
-
-    def inaccessible_callback(self, name, **kwargs):
-        if current_user.is_authenticated:
-            abort(403)
-        return redirect(url_for("auth.signin", next=request.full_path))
-
-
-class StaffIndexView(_RoleGate, AdminIndexView):
-    @expose("/")
-    def index(self):
-        return self.render("admin/staff_index.html")
-
-
-class StaffForm(FlaskForm):
-    """Flask-Admin forms carry the same CSRF token as every other form of the app."""
-
-    def __init__(self, formdata: Any = _Auto, obj: Any = None, **kwargs: Any) -> None:
-        # Flask-Admin's Unique validator skips the row being edited through ``_obj``.
-        self._obj = obj
-        super().__init__(formdata=formdata, obj=obj, **kwargs)
-
-
-def parse_key(model: type, raw: Any) -> Any:
-    """The primary key ``raw`` names, or ``None`` when it cannot be one (not digits, out
-    of the column's range, not a UUID)."""
-    (column,) = sa_inspect(model).primary_key
-    text = raw if isinstance(raw, str) else ""
-    for kind, limit in _INT_LIMITS.items():
-        if isinstance(column.type, kind):
-            return parse_int(text, 0, limit)
-    try:
-        return uuid.UUID(text)
-    except ValueError:
-        return None
-
-
-def _int_arg(name: str, minimum: int, maximum: int) -> None:
-    raw = request.args.get(name)
-    if raw is not None and parse_int(raw, minimum, maximum) is None:
-        abort(400, f"The “{name}” value in the address is not valid.")
-
-
-_OPERATIONS = {"create_view": "can_create", "edit_view": "can_edit",
-               "delete_view": "can_delete", "details_view": "can_view_details",
-               "export": "can_export"}
-
-
-class StaffModelView(_RoleGate, ModelView):
-    form_base_class = StaffForm
-    page_size = 50
-    can_view_details = True
-    can_export = False
-
-    def get_one(self, id: Any) -> Any:
-        key = parse_key(self.model, id)
-        found = db.session.get(self.model, key) if key is not None else None
-        if found is None:
-            abort(404, "There is no such record.")
-        return found
-
-    def _get_list_extra_args(self) -> ViewArgs:
-        _int_arg("page", 0, MAX_PAGE)
-        _int_arg("page_size", 1, max(self.page_size_options or (self.page_size,)))
-        _int_arg("sort", 0, len(self._list_columns) - 1)
-        _int_arg("desc", 0, 1)
-        return super()._get_list_extra_args()
-
-    def _get_list_filter_args(self) -> Any:
-        for arg, value in request.args.items():
-            if not arg.startswith("flt"):
-                continue
-            _, _, key = arg[3:].partition("_")
-            known = (self._filter_args or {}).get(key)
-            if known is None or not known[1].validate(value):
-                abort(400, "A filter in the address is not one this list has, or its value "
-                           "is not valid.")
-        return super()._get_list_filter_args()
-
-    def _handle_view(self, name: str, **kwargs: Any) -> Any:
-        denied = super()._handle_view(name, **kwargs)  # the role gate first
-        if denied is not None:
-            return denied
-        # An operation this list does not offer is no page at all (Flask-Admin would
-        # redirect to the list as if something had happened).
-        flag = _OPERATIONS.get(name)
-        if (flag and not getattr(self, flag)) or \
-                (name == "ajax_update" and not self.column_editable_list):
-            abort(404, "This list has no such page.")
-        if name == "action_view":
-            chosen = request.form.get("action")
-            if chosen not in self._actions_data or not self.is_action_allowed(chosen):
-                abort(400, "There is no such action for this list.")
-        # A record page with an empty id is a malformed address, not "back to the list".
-        if name in ("edit_view", "details_view", "delete_view") and "id" in request.args \
-                and not request.args["id"]:
-            abort(404, "There is no such record.")
-        return None
-
-    def handle_view_exception(self, exc: Exception) -> bool:
-        # Flask-Admin would flash str(exc): SQL, parameters, a password hash.
-        if isinstance(exc, SQLAlchemyError):
-            log.warning("admin save failed on %s: %s", self.endpoint, type(exc).__name__)
-            flash(SAVE_FAILED, "error")
-            return True
-        return super().handle_view_exception(exc)
-
-    def save_through(self, form: Any, apply, errors: tuple[type[Exception], ...]) -> bool:
-        """Run a service call and commit; a refusal becomes a field error (or a plain
-        sentence), any database failure a plain sentence."""
-        try:
-            result = apply()
-            db.session.commit()
-            return result
-        except errors as exc:
-            db.session.rollback()
-            # ``errors`` are the services' own refusals: sentences written for people.
-            field = getattr(form, getattr(exc, "field", None) or "", None)
-            if field is not None:
-                field.errors = [*field.errors, exc.sentence]
-            else:
-                flash(exc.sentence, "error")
-        except SQLAlchemyError as exc:
-            db.session.rollback()
-            self.handle_view_exception(exc)
-        return False
-
-    def ids_from(self, raw_ids: list[str]) -> list[Any]:
-        keys = [parse_key(self.model, raw) for raw in raw_ids]
-        if not keys or any(key is None for key in keys):
-            abort(400, "The selection holds a record id that is not valid.")
-        return keys
-
-
-class ReadOnlyView(StaffModelView):
-    """Evidence (builds, audit): nobody edits or deletes it through the UI."""
-
-    can_create = can_edit = can_delete = False
-    action_disallowed_list = ["delete"]
-
-
-class AdminOnlyView(StaffModelView):
-    allowed_roles = ("admin",)
+from dashboard.ids import INT4_MAX, parse_int
+from dashboard.memories.keys import grant_hard_delete, revoke_key
+from dashboard.memories.models import ApiKey, ForgetMarker
+from dashboard.memory import MemoryBuild, request_builds_by_staff, request_plan_builds_by_staff
+from dashboard.plans.editing import PlanError, PlanFields, create_plan, update_plan
+from dashboard.plans.impact import count_active_users_by_plan
+from dashboard.plans.models import Plan
+from dashboard.plans.services import SourceState, UserPlan, effective_plan_id, resolve_sources
+from dashboard.sources import get_source
 
 
 def _page_cache() -> dict[str, Any]:
@@ -199,8 +39,6 @@ def _page_cache() -> dict[str, Any]:
 
 
 def _labels(keys: Any) -> str:
-    from dashboard.sources import get_source
-
     return ", ".join(get_source(key).label for key in keys) or "—"
 
 
@@ -222,20 +60,14 @@ class PlanView(AdminOnlyView):
     can_delete = False
 
     def get_query(self) -> Any:
-        from dashboard.plans.models import Plan
-
         return super().get_query().options(selectinload(Plan.assignments))
 
     def get_list(self, *args: Any, **kwargs: Any) -> Any:
-        from dashboard.plans.impact import count_active_users_by_plan
-
         count, plans = super().get_list(*args, **kwargs)
         _page_cache()["plan_users"] = count_active_users_by_plan(db.session)
         return count, plans
 
     def _resolution(self, plan: Any) -> Any:
-        from dashboard.plans.services import UserPlan, resolve_sources
-
         resolutions = _page_cache().setdefault("resolutions", {})
         if plan.id not in resolutions:  # two columns show it
             resolutions[plan.id] = resolve_sources(UserPlan.from_plan(plan))
@@ -250,8 +82,6 @@ class PlanView(AdminOnlyView):
         return _labels(self._resolution(plan).included_keys)
 
     def _evicted(self, context: Any, plan: Any, name: str) -> str:
-        from dashboard.plans.services import SourceState
-
         return _labels(s.key for s in self._resolution(plan).sources
                        if s.state is SourceState.EVICTED_BY_CAP)
 
@@ -270,8 +100,6 @@ class PlanView(AdminOnlyView):
         return form
 
     def _fields(self, form: Any, model: Any = None):
-        from dashboard.plans.editing import PlanFields
-
         return PlanFields(
             name=form.name.data or "", slug=form.slug.data or "",
             description=form.description.data or "",
@@ -283,15 +111,11 @@ class PlanView(AdminOnlyView):
         )
 
     def create_model(self, form: Any) -> Any:
-        from dashboard.plans.editing import PlanError, create_plan
-
         return self.save_through(form, lambda: create_plan(db.session, self._fields(form),
                                                            actor=Actor.of(current_user)),
                                  (PlanError,))
 
     def update_model(self, form: Any, model: Any) -> bool:
-        from dashboard.plans.editing import PlanError, update_plan
-
         return bool(self.save_through(
             form, lambda: update_plan(db.session, model, self._fields(form, model),
                                       actor=Actor.of(current_user)), (PlanError,)))
@@ -307,8 +131,6 @@ class PlanView(AdminOnlyView):
         self._request_for_plans(self.ids_from(ids), "full")
 
     def _request_for_plans(self, ids: list[int], mode: str) -> None:
-        from dashboard.memory.requests import request_plan_builds_by_staff
-
         plans = request_plan_builds_by_staff(db.session, ids, mode=mode,
                                              actor=Actor.of(current_user))
         db.session.commit()
@@ -322,16 +144,12 @@ class OnPlanFilter(BaseSQLAFilter):
     of plan names would go stale: the id is asked for instead."""
 
     def __init__(self) -> None:
-        from dashboard.auth.models import User
-
         super().__init__(User.plan_id, "Plan")
 
     def validate(self, value: Any) -> bool:
         return parse_int(value, 0, INT4_MAX) is not None
 
     def apply(self, query: Any, value: Any, alias: Any = None) -> Any:
-        from dashboard.plans.services import effective_plan_id
-
         return query.filter(effective_plan_id() == int(value))
 
     def operation(self) -> str:
@@ -356,8 +174,6 @@ class UserView(AdminOnlyView):
                            "last_login_at")
 
     def get_query(self) -> Any:
-        from dashboard.auth.models import User
-
         return super().get_query().options(joinedload(User.plan))
 
     def _plan(self, context: Any, user: Any, name: str) -> str:
@@ -372,8 +188,6 @@ class UserView(AdminOnlyView):
     column_formatters_detail = column_formatters
 
     def edit_form(self, obj: Any = None) -> Any:
-        from dashboard.plans.models import Plan
-
         form = super().edit_form(obj)
         plans = db.session.scalars(select(Plan).order_by(Plan.name)).all()
         form.plan_ref.choices = [SelectChoice("", "The default plan"),
@@ -383,8 +197,6 @@ class UserView(AdminOnlyView):
         return form
 
     def update_model(self, form: Any, model: Any) -> bool:
-        from dashboard.auth.services import AccountError, update_account
-
         plan_id = int(form.plan_ref.data) if form.plan_ref.data else None
         return bool(self.save_through(form, lambda: update_account(
             db.session, model, role=form.role.data, plan_id=plan_id,
@@ -399,9 +211,6 @@ class UserView(AdminOnlyView):
         self._request_for_users(self.ids_from(ids), "full")
 
     def _request_for_users(self, ids: list[int], mode: str) -> None:
-        from dashboard.auth.models import User
-        from dashboard.memory.requests import request_builds_by_staff
-
         existing = db.session.scalars(select(User.id).where(User.id.in_(ids))).all()
         requests = request_builds_by_staff(db.session, existing, mode=mode,
                                            actor=Actor.of(current_user))
@@ -429,15 +238,10 @@ class ApiKeyView(AdminOnlyView):
     named_filter_urls = True
 
     def get_query(self) -> Any:
-        from dashboard.xmemo.models import ApiKey
-
         return super().get_query().options(joinedload(ApiKey.owner))
 
     @action("revoke", "Revoke", "Revoke these keys? Clients using them stop working at once.")
     def action_revoke(self, ids: list[str]) -> None:
-        from dashboard.xmemo.keys import revoke_key
-        from dashboard.xmemo.models import ApiKey
-
         keys = db.session.scalars(select(ApiKey).where(ApiKey.id.in_(self.ids_from(ids)))
                                   .with_for_update()).all()
         revoked = sum(revoke_key(db.session, key, actor=Actor.of(current_user))
@@ -449,9 +253,6 @@ class ApiKeyView(AdminOnlyView):
     @action("grant_hard_delete", "Grant memory:hard_delete",
             "Grant these keys irreversible erasure (memory:hard_delete)?")
     def action_grant_hard_delete(self, ids: list[str]) -> None:
-        from dashboard.xmemo.keys import grant_hard_delete
-        from dashboard.xmemo.models import ApiKey
-
         keys = db.session.scalars(select(ApiKey).where(ApiKey.id.in_(self.ids_from(ids)))
                                   .with_for_update()).all()
         granted = sum(grant_hard_delete(db.session, key, actor=Actor.of(current_user))
@@ -496,13 +297,11 @@ class BuildView(ReadOnlyView):
     column_formatters_detail = {**column_formatters, "resolution": _resolution_table}
 
     def get_query(self) -> Any:
-        from dashboard.memory.models import MemoryBuild
-
         return super().get_query().options(joinedload(MemoryBuild.user))
 
 
 class ForgetMarkerView(ReadOnlyView):
-    """Every forget, redact, hard delete and restore (§8): ids, states, counts and the
+    """Every forget, redact, hard delete and restore: ids, states, counts and the
     audit event — never content. The reason is left out too: it is free text the owner
     or their client typed, and staff pages show no text a user wrote."""
 
@@ -523,58 +322,4 @@ class ForgetMarkerView(ReadOnlyView):
     simple_list_pager = True
 
     def get_query(self) -> Any:
-        from dashboard.xmemo.models import ForgetMarker
-
         return super().get_query().options(joinedload(ForgetMarker.owner))
-
-
-# Flask-Admin writes two kinds of inline handler, which the app's CSP refuses (and
-# Chromium reports even when nothing runs them): an action menu item runs
-# ``modelActions.execute('<name>')``, a filter menu item returns false. Rewritten here into
-# markup that static/admin-csp.js handles; tests/browser checks no inline handler is left.
-_ACTION_HANDLER = re.compile(r'onclick="return modelActions\.execute\(\'([A-Za-z0-9_]+)\'\);"')
-_NOOP_HANDLER = ' onclick="return false;"'
-
-
-def without_inline_handlers(response: Any) -> Any:
-    if not request.path.startswith("/admin") or response.mimetype != "text/html" \
-            or response.direct_passthrough:
-        return response
-    html = response.get_data(as_text=True)
-    if "onclick=" in html:
-        html = _ACTION_HANDLER.sub(r'data-model-action="\1"', html).replace(_NOOP_HANDLER, "")
-        response.set_data(html)
-    return response
-
-
-def init_admin(app: Flask) -> Admin:
-    from dashboard.admin.assignments import AssignmentView
-    from dashboard.audit.models import AuditEvent
-    from dashboard.audit.views import AuditEventView
-    from dashboard.auth.models import User
-    from dashboard.memory.models import MemoryBuild
-    from dashboard.plans.models import Plan
-    from dashboard.security import csp_nonce
-    from dashboard.support.views import SupportView
-    from dashboard.xmemo.models import ApiKey, ForgetMarker
-
-    admin = Admin(
-        app,
-        name="OrbitPilot staff",
-        url="/admin",
-        index_view=StaffIndexView(url="/admin"),
-        theme=Bootstrap4Theme(swatch="default"),
-        csp_nonce_generator=csp_nonce,
-    )
-    admin.add_view(PlanView(Plan, db, name="Plans"))
-    admin.add_view(UserView(User, db, name="Users"))
-    admin.add_view(AssignmentView(name="Assignments", endpoint="assignments",
-                                  url="/admin/assignments"))
-    admin.add_view(ApiKeyView(ApiKey, db, name="API keys", endpoint="api_keys"))
-    admin.add_view(BuildView(MemoryBuild, db, name="Builds", endpoint="builds"))
-    admin.add_view(AuditEventView(AuditEvent, db, name="Audit log", endpoint="audit"))
-    admin.add_view(ForgetMarkerView(ForgetMarker, db, name="Erasure markers",
-                                    endpoint="markers"))
-    admin.add_view(SupportView(name="Support", endpoint="support", url="/support"))
-    app.after_request(without_inline_handlers)
-    return admin

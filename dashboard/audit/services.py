@@ -1,4 +1,4 @@
-"""The audit log (§8): one ``record_event`` for every audited action, a hash chain that
+"""The audit log: one ``record_event`` for every audited action, a hash chain that
 makes any later change to a row visible, checkpoints of the chain head, and a verifier.
 
 An event's hash covers a canonical serialisation of the event (sorted keys, no
@@ -53,6 +53,8 @@ class Actor:
 
 
 SYSTEM = Actor("system")
+# Commands run by whoever operates the server: the audit log names them as such.
+CLI_ACTOR = Actor("system", "cli")
 
 
 def _jsonb_number(literal: str) -> float | int:

@@ -1,4 +1,4 @@
-"""The audit log in the staff console (§8): read-only, filterable, exportable as CSV.
+"""The audit log in the staff console: read-only, filterable, exportable as CSV.
 
 It shows what the events hold — ids, modes, reasons, the before/after of settings — and
 never looks anything up elsewhere, so no page of it can show content.
@@ -27,7 +27,7 @@ from flask import abort, request
 from flask_admin.contrib.sqla.filters import BaseSQLAFilter, FilterEqual
 from markupsafe import Markup
 
-from dashboard.admin.views import ReadOnlyView
+from dashboard.admin.base import ReadOnlyView
 from dashboard.audit.models import AuditEvent
 from dashboard.ids import INT8_MAX, parse_int
 

@@ -45,7 +45,7 @@ class User(UserMixin, db.Model):
     @property
     def is_authenticated(self) -> bool:
         # Constant, so checking it never refreshes an expired row; an inactive account
-        # never becomes current_user (see auth.services.load_user).
+        # never becomes current_user (see auth.views.load_user).
         return True
 
     @property

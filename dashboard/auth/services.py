@@ -12,9 +12,8 @@ from werkzeug.security import check_password_hash, generate_password_hash
 
 from dashboard.audit.services import Actor, changes, record_event
 from dashboard.auth.models import ROLES, User
-from dashboard.extensions import db
-from dashboard.forms import Refusal
 from dashboard.plans.models import Plan
+from dashboard.refusals import Refusal
 
 EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # The few passwords every list of leaked passwords starts with.
@@ -128,10 +127,10 @@ def authenticate(session: Session, email: str, password: str) -> User | None:
     return user
 
 
-def load_user(user_id: str) -> User | None:
-    """Flask-Login's loader: one query per request."""
+def active_user(session: Session, user_id: str) -> User | None:
+    """The account a session cookie names, if it may still sign in: one query."""
     try:
-        user = db.session.get(User, int(user_id))
+        user = session.get(User, int(user_id))
     except (TypeError, ValueError):
         return None
     # A deactivated account loses its open sessions too.

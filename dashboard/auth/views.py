@@ -14,6 +14,11 @@ from dashboard.forms import same_site_path
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 
 
+def load_user(user_id: str):
+    """Flask-Login's loader: one query per request."""
+    return services.active_user(db.session, user_id)
+
+
 def _safe_next(target: str | None) -> str:
     """Only same-site paths: an open redirect would make sign-in a phishing tool."""
     return same_site_path(target) or url_for("main.index")

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
-from dashboard.forms import FieldError
+from dashboard.refusals import FieldError
 
 MAX_TITLE = 200
 MAX_CONTENT = 20_000

@@ -18,9 +18,8 @@ from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_CONTENT, MAX_TITLE
 from dashboard.errors import problem
 from dashboard.extensions import db
-from dashboard.forms import same_site_path, save_form
-from dashboard.ids import owned_or_404
-from dashboard.plans.sentences import source_sentence
+from dashboard.forms import owned_or_404, same_site_path, save_form
+from dashboard.plans.web import sentence_for
 from dashboard.sources import BLINKS
 
 bp = Blueprint("blinks", __name__, url_prefix="/blinks")
@@ -56,7 +55,7 @@ def _safe_next(target: str | None) -> str:
 
 def _render_index(form: BlinkForm, status: int = 200):
     page = services.list_blinks(db.session, user_id=current_user.id, page=_page_number())
-    source, sentence = source_sentence(current_user, BLINKS)
+    source, sentence = sentence_for(current_user, BLINKS)
     next_url = url_for("blinks.index", page=page.page) if page.page > 1 else None
     return render_template("blink/index.html", form=form, page=page, source=source,
                            sentence=sentence, next_url=next_url), status

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dashboard.documents.models import Document
-from dashboard.forms import FieldError
+from dashboard.refusals import FieldError
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 # By extension: what the name promises. The content must then bear it out (UTF-8, no NUL).

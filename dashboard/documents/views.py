@@ -17,9 +17,8 @@ from dashboard.documents import services
 from dashboard.documents.models import Document
 from dashboard.documents.services import MAX_TITLE
 from dashboard.extensions import db, login_manager
-from dashboard.forms import save_form
-from dashboard.ids import owned_or_404
-from dashboard.plans.sentences import source_sentence
+from dashboard.forms import owned_or_404, save_form
+from dashboard.plans.web import sentence_for
 from dashboard.sources import DOCUMENTS
 
 bp = Blueprint("documents", __name__, url_prefix="/documents")
@@ -49,7 +48,7 @@ def _owned(raw_id: object) -> Document:
 def _render_index(form: UploadForm, status: int = 200):
     page = services.list_documents(db.session, user_id=current_user.id,
                                    page=request.args.get("page", 1, type=int))
-    source, sentence = source_sentence(current_user, DOCUMENTS)
+    source, sentence = sentence_for(current_user, DOCUMENTS)
     return render_template("documents/index.html", form=form, page=page, source=source,
                            sentence=sentence, limit=services.format_size(max_bytes())), status
 

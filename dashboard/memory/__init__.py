@@ -1,1 +1,57 @@
-"""Memory chunks, build records and the user's Memory Status page."""
+"""The memory engine's front door: code outside ``dashboard/memory/`` imports this module
+only (a test holds it so); the modules behind it are the engine's own.
+
+- requests: ``request_build(s)``, the staff's and the user's own, ``build_for_change``
+  (the request a write's flush already made, reused);
+- forgetting under the build lock: ``wait_for_builds``, ``forget_chunks``;
+- reading: ``search_memory``, ``preview_memory_build``, ``memory_status``;
+- jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs;
+- what they run with: the queue, the embedders, the settings, the models."""
+
+from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
+from dashboard.memory.embedders import (
+    Embedder,
+    embedder_model_name,
+    get_embedder,
+    preload_embedder,
+)
+from dashboard.memory.locks import BuildsBusy, forget_chunks, wait_for_builds
+from dashboard.memory.maintenance import (
+    fan_out_plan_builds,
+    request_idle_conversation_builds,
+    request_scheduled_builds,
+    sweep_builds,
+)
+from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryState
+from dashboard.memory.pipeline import preview_memory_build
+from dashboard.memory.queue import BuildQueue, bind_queue
+from dashboard.memory.requests import (
+    BuildRequest,
+    RateLimited,
+    build_for_change,
+    request_build,
+    request_builds,
+    request_builds_by_staff,
+    request_plan_builds_by_staff,
+    request_user_update,
+)
+from dashboard.memory.runner import abandon_build, execute_build
+from dashboard.memory.search import search_memory
+from dashboard.memory.settings import EngineSettings, settings_from
+from dashboard.memory.status import BuildSummary, MemoryStatus, memory_status
+
+__all__ = [
+    # requests
+    "BuildRequest", "RateLimited", "build_for_change", "request_build", "request_builds",
+    "request_builds_by_staff", "request_plan_builds_by_staff", "request_user_update",
+    # forgetting
+    "BuildsBusy", "forget_chunks", "wait_for_builds",
+    # reading
+    "BuildSummary", "MemoryStatus", "memory_status", "preview_memory_build", "search_memory",
+    # jobs
+    "abandon_build", "execute_build", "fan_out_plan_builds",
+    "request_idle_conversation_builds", "request_scheduled_builds", "sweep_builds",
+    # what they run with
+    "BuildQueue", "Embedder", "EngineSettings", "MemoryBuild", "MemoryChunk", "MemoryState",
+    "bind_queue", "embedder_model_name", "get_embedder", "preload_embedder", "settings_from",
+]

@@ -1,5 +1,5 @@
 """Every change that alters what a user's next build holds requests that build, in the
-same transaction (§6): content, flags and deletions (the registry's watches), a user's
+same transaction: content, flags and deletions (the registry's watches), a user's
 plan, and a plan's cap or assignments (fanned out to the plan's users by a job).
 
 This is one ORM listener rather than a call in every service, so no write path can

@@ -1,39 +1,25 @@
-"""Periodic work around builds: the sweeper, idle conversations, the schedule, plan
-fan-outs — and the leases that make each run once per interval across every worker.
-
-The schedule is only a safety net: every change that alters a user's next build requests
-that build in its own transaction (``memory.changes``).
-"""
+"""Work around builds that no single request does: the sweeper, builds for idle
+conversations, the schedule (only a safety net: every change requests its build in its
+own transaction, ``memory.changes``) and plan fan-outs. ``jobs.periodic`` runs them."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-from flask import current_app
-from rq.job import Job, JobStatus
 from sqlalchemy import DateTime, and_, exists, func, literal, or_, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from dashboard.audit.services import checkpoint_chain
 from dashboard.auth.models import User
-from dashboard.memory.models import MaintenanceLease, MemoryBuild
-from dashboard.memory.queue import build_job_id, fanout_job_id, get_redis
-from dashboard.memory.requests import (
-    Fanout,
-    push_jobs,
-    request_builds,
-    request_builds_for_plan,
-)
+from dashboard.memory.models import MemoryBuild
+from dashboard.memory.queue import BuildQueue, build_job_id, fanout_job_id
+from dashboard.memory.requests import Fanout, request_builds, request_builds_for_plan
 from dashboard.memory.runner import fail_running
+from dashboard.orbitpilot.models import Conversation
 from dashboard.plans.models import Plan
 from dashboard.plans.services import effective_plan_id
 from dashboard.sources import SOURCES
-from dashboard.xmemo.erasure import vacuum_after_erasures
 
 log = logging.getLogger(__name__)
 
@@ -47,38 +33,15 @@ class SweepResult:
     fanouts: int = 0
 
 
-_LIVE_JOB_STATES = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED,
-                    JobStatus.DEFERRED}
-
-
-def _lost_jobs(job_ids: dict[str, tuple[str, int]]) -> list[tuple[str, int]]:
-    """Of these jobs, the ones Redis no longer has alive (none if Redis is unreachable)."""
-    if not job_ids:
-        return []
-    try:
-        redis = get_redis()
-        lost = []
-        for job_id, job in job_ids.items():
-            status = Job.fetch(job_id, connection=redis).get_status() \
-                if Job.exists(job_id, connection=redis) else None
-            if status not in _LIVE_JOB_STATES:
-                lost.append(job)
-        return lost
-    except Exception as exc:
-        log.warning("sweeper cannot reach the build queue (%s)", type(exc).__name__)
-        return []
-
-
-def sweep_builds(session: Session, *, stale_after: float | None = None,
+def sweep_builds(session: Session, queue: BuildQueue, *, stale_after: float | None = None,
                  requeue_after: float | None = None) -> SweepResult:
     """Fail running builds whose worker stopped heartbeating; push queued builds and plan
     fan-outs whose job is gone. Safe to run from any number of processes at once.
     (clock_timestamp, not now(): a long-lived session's transaction may have started well
-    before this pass.)"""
-    config = current_app.config
-    stale_after = stale_after if stale_after is not None else config["BUILD_STALE_SECONDS"]
-    requeue_after = requeue_after if requeue_after is not None \
-        else config["BUILD_REQUEUE_SECONDS"]
+    before this pass.) The thresholds default to the queue's settings."""
+    settings = queue.settings
+    stale_after = settings.stale_seconds if stale_after is None else stale_after
+    requeue_after = settings.requeue_seconds if requeue_after is None else requeue_after
     old = func.clock_timestamp() - timedelta(seconds=requeue_after)
     failed = session.execute(fail_running(
         MemoryBuild.heartbeat_at < func.clock_timestamp() - timedelta(seconds=stale_after),
@@ -96,9 +59,9 @@ def sweep_builds(session: Session, *, stale_after: float | None = None,
     ).all()
     candidates = {build_job_id(i): ("build", i) for i in waiting}
     candidates.update({fanout_job_id(i): ("fanout", Fanout(i)) for i in behind})
-    lost = _lost_jobs(candidates)
+    lost = queue.lost(candidates)
     session.flush()
-    pushed = push_jobs(lost)
+    pushed = queue.push(lost)
     if failed:
         log.warning("sweeper failed %d build(s) whose worker stopped heartbeating", len(failed))
     fanouts = sum(1 for kind, _ in lost if kind == "fanout") if pushed else 0
@@ -107,8 +70,9 @@ def sweep_builds(session: Session, *, stale_after: float | None = None,
 
 # -- plan fan-out ------------------------------------------------------------------------------
 
-def fan_out_plan_builds(session: Session, plan_id: int, *, mode: str = "quick",
-                        trigger: str = "plan_change", requested_by_id: int | None = None) -> int:
+def fan_out_plan_builds(session: Session, plan_id: int, *, batch_size: int,
+                        mode: str = "quick", trigger: str = "plan_change",
+                        requested_by_id: int | None = None) -> int:
     """Request a build for every active user of a plan, a batch per commit; then note the
     plan's latest cap or assignment change as fanned out. Idempotent: requests merge into
     builds already queued, and a change made meanwhile is fanned out again."""
@@ -118,7 +82,8 @@ def fan_out_plan_builds(session: Session, plan_id: int, *, mode: str = "quick",
     changed_at = plan.memory_changed_at
     total = 0
     for count in request_builds_for_plan(session, plan, mode=mode, trigger=trigger,
-                                         requested_by_id=requested_by_id):
+                                         requested_by_id=requested_by_id,
+                                         batch_size=batch_size):
         session.commit()
         total += count
     if changed_at is not None:
@@ -136,8 +101,6 @@ def fan_out_plan_builds(session: Session, plan_id: int, *, mode: str = "quick",
 def request_idle_conversation_builds(session: Session, *, idle_minutes: int,
                                      now: datetime | None = None) -> int:
     """A quick build for every user with a conversation idle since their last request."""
-    from dashboard.orbitpilot.models import Conversation
-
     now = now or datetime.now(UTC)
     cutoff = now - timedelta(minutes=idle_minutes)
     last_request = (
@@ -156,16 +119,14 @@ def request_idle_conversation_builds(session: Session, *, idle_minutes: int,
     return len(user_ids)
 
 
-def request_scheduled_builds(session: Session, *, everyone: bool = False,
-                             margin_seconds: float | None = None) -> int:
+def request_scheduled_builds(session: Session, *, margin_seconds: float,
+                             everyone: bool = False) -> int:
     """The periodic safety net: a quick build for each active user whose content, plan or
     plan settings changed since their last successful build read its inputs (or everyone).
 
     A row's ``updated_at`` is its writer's transaction start, and a writer that started
     before the build read its inputs may commit after; ``margin_seconds`` covers that (at
     worst one extra build that finds nothing to do)."""
-    if margin_seconds is None:
-        margin_seconds = current_app.config["BUILD_SCHEDULE_MARGIN_SECONDS"]
     if everyone:
         condition = User.active
     else:
@@ -186,70 +147,3 @@ def request_scheduled_builds(session: Session, *, everyone: bool = False,
     user_ids = session.scalars(select(User.id).where(condition).order_by(User.id)).all()
     request_builds(session, user_ids, trigger="schedule")
     return len(user_ids)
-
-
-# -- once per interval, across every worker -----------------------------------------------
-
-def claim_lease(session: Session, task: str, every_seconds: float, holder: str = "") -> bool:
-    """True for exactly one caller per interval, however many workers ask at once.
-
-    Commits the claim on its own: the task that follows runs in later transactions."""
-    stmt = pg_insert(MaintenanceLease).values(task=task, last_run_at=func.clock_timestamp(),
-                                              holder=holder[:128])
-    stmt = stmt.on_conflict_do_update(
-        index_elements=[MaintenanceLease.task],
-        set_={"last_run_at": func.clock_timestamp(), "holder": stmt.excluded.holder},
-        where=MaintenanceLease.last_run_at
-        <= func.clock_timestamp() - timedelta(seconds=every_seconds),
-    ).returning(MaintenanceLease.task)
-    won = session.execute(stmt).first() is not None
-    session.commit()
-    return won
-
-
-def _erasure_vacuum(session: Session, config: Any) -> object:
-    # End the session's transaction first: the VACUUM runs on a connection of its own, and
-    # a snapshot held here would keep back the very row versions it is meant to remove.
-    session.commit()
-    return vacuum_after_erasures(session)
-
-
-@dataclass(frozen=True)
-class PeriodicTask:
-    name: str
-    setting: str  # the config key holding its interval in seconds (0: off)
-    run: Callable[[Session, Any], object]
-
-
-PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
-    PeriodicTask("sweep", "BUILD_SWEEP_SECONDS", lambda session, config: sweep_builds(session)),
-    PeriodicTask("idle_conversations", "BUILD_SWEEP_SECONDS",
-                 lambda session, config: request_idle_conversation_builds(
-                     session, idle_minutes=config["CONVERSATION_IDLE_MINUTES"])),
-    PeriodicTask("schedule", "BUILD_SCHEDULE_SECONDS",
-                 lambda session, config: request_scheduled_builds(session)),
-    PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS",
-                 lambda session, config: checkpoint_chain(session)),
-    PeriodicTask("erasure_vacuum", "ERASURE_VACUUM_SECONDS", _erasure_vacuum),
-)
-
-
-def run_due_tasks(session: Session, config: Any, *, holder: str = "") -> list[str]:
-    """Run each periodic task whose interval has passed and whose lease this caller wins.
-    A failing task is logged by kind and does not stop the others."""
-    ran = []
-    for task in PERIODIC_TASKS:
-        every = config[task.setting]
-        if not every:
-            continue
-        try:
-            if not claim_lease(session, task.name, every, holder):
-                continue
-            task.run(session, config)
-            session.commit()
-            ran.append(task.name)
-        except Exception as exc:
-            session.rollback()
-            log.warning("periodic task %s failed: %s", task.name, type(exc).__name__)
-    return ran
-

@@ -39,7 +39,7 @@ BUILD_TRIGGERS = ("conversation_end", "conversation_idle", "user", "admin", "sch
 class MemoryChunk(db.Model):
     __tablename__ = "memory_chunks"
     __table_args__ = (
-        # The chunk key of §6, per user.
+        # The chunk key, per user.
         UniqueConstraint("user_id", "source_key", "source_id", "chunk_index", "content_hash",
                          name="uq_memory_chunks_key"),
         Index("ix_memory_chunks_user_id_source_key", "user_id", "source_key"),
@@ -146,14 +146,3 @@ class MemoryState(db.Model):
     included_keys: Mapped[list[str]] = mapped_column(ARRAY(String(64)))
     embedding_model: Mapped[str] = mapped_column(String(64))
     build_id: Mapped[int | None] = mapped_column(BigInteger)
-
-
-class MaintenanceLease(db.Model):
-    """When a periodic task (sweep, idle conversations, schedule) last ran, across every
-    worker: a worker runs a task only if it wins the compare-and-set on its row."""
-
-    __tablename__ = "maintenance_leases"
-
-    task: Mapped[str] = mapped_column(String(32), primary_key=True)
-    last_run_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    holder: Mapped[str] = mapped_column(String(128), default="", server_default="")

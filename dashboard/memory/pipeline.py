@@ -1,4 +1,4 @@
-"""``run_memory_build``: the replace semantics of §6, inside the caller's transaction.
+"""``run_memory_build``: the replace semantics, inside the caller's transaction.
 
 quick: delete every stored chunk whose key is not in the fresh extraction (or that was
        embedded by another model), embed and insert only new keys, keep the rest. What
@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from flask import current_app, has_app_context
 from sqlalchemy import Integer, Text, bindparam, delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -38,15 +37,12 @@ from sqlalchemy.orm import Session
 
 from dashboard.memory.chunking import chunk_text, content_hash
 from dashboard.memory.embedders import Embedder
+from dashboard.memory.locks import lock_user
 from dashboard.memory.models import MemoryChunk, MemoryState
+from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
 from dashboard.orbitpilot.models import Conversation
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
 from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, Record, extract, extract_chat_pairs
-
-# Namespace of the per-user advisory lock (the other half is the user id).
-BUILD_LOCK_NAMESPACE = 6_101
-# The default of the ANN_MIN_CHUNKS setting (outside an app, and in migration 0006).
-DEFAULT_ANN_MIN_CHUNKS = 50_000
 
 ChunkKey = tuple[str, str, int, str]  # (source_key, source_id, chunk_index, content_hash)
 
@@ -82,13 +78,6 @@ def resolve_for_build(session: Session, user: Any) -> Resolution:
     return resolve_sources(get_plan_for_user(user, session))
 
 
-def ann_min_chunks() -> int:
-    """The ANN_MIN_CHUNKS setting of the current app (its default outside one)."""
-    if has_app_context():
-        return int(current_app.config.get("ANN_MIN_CHUNKS", DEFAULT_ANN_MIN_CHUNKS))
-    return DEFAULT_ANN_MIN_CHUNKS
-
-
 def _key(row: Any) -> ChunkKey:
     return (row.source_key, row.source_id, row.chunk_index, row.content_hash)
 
@@ -118,11 +107,6 @@ def _stored(session: Session, user_id: int, source_keys: list[str] | None = None
     if source_keys is not None:
         query = query.where(MemoryChunk.source_key.in_(source_keys))
     return session.execute(query).all()
-
-
-def lock_user(session: Session, user_id: int) -> None:
-    """Serialise one user's builds (transaction-scoped; re-entrant for the same session)."""
-    session.execute(select(func.pg_advisory_xact_lock(BUILD_LOCK_NAMESPACE, user_id)))
 
 
 # -- what a quick update would do (the build applies it, the dry run counts it) -------------
@@ -320,14 +304,14 @@ def run_memory_build(
     session: Session,
     embedder: Embedder,
     build_id: int | None = None,
-    ann_threshold: int | None = None,
+    ann_threshold: int = DEFAULT_ANN_MIN_CHUNKS,
 ) -> BuildResult:
-    """``ann_threshold``: ANN_MIN_CHUNKS (default: the app's setting)."""
+    """Build ``user``'s memory in the caller's transaction; ``ann_threshold`` is the
+    ANN_MIN_CHUNKS setting. The caller commits."""
     if mode not in ("quick", "full"):
         raise ValueError(f"mode must be 'quick' or 'full', not {mode!r}")
     with _gc_paused():
-        return _run_memory_build(user, mode, session, embedder, build_id,
-                                 ann_min_chunks() if ann_threshold is None else ann_threshold)
+        return _run_memory_build(user, mode, session, embedder, build_id, ann_threshold)
 
 
 @contextmanager

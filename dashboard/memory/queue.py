@@ -1,31 +1,26 @@
-"""Redis and the RQ build queue, one connection pool per app."""
+"""The RQ queue that builds and plan fan-outs go to. Each app binds its queue to its
+database engine once (``bind_queue``), so a transaction's commit knows where to push the
+jobs it asked for without reaching for the app."""
 
 from __future__ import annotations
 
-from flask import Flask, current_app
+import logging
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from redis import Redis
-from rq import Queue
+from rq import Queue, Retry
+from rq.job import Job, JobStatus
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session
 
+from dashboard.memory.settings import EngineSettings
 
-def get_redis(app: Flask | None = None) -> Redis:
-    app = app or current_app
-    binding = app.extensions.get("orbitpilot.embedded")
-    if binding is not None:
-        binding.ensure_redis()
-    client = app.extensions.get("orbitpilot.redis")
-    if client is None:
-        # Short timeouts: a Redis outage must fail a request's enqueue fast (the sweeper
-        # enqueues later), never hang the request.
-        client = Redis.from_url(app.config["REDIS_URL"], socket_connect_timeout=2,
-                                socket_timeout=5, health_check_interval=30)
-        app.extensions["orbitpilot.redis"] = client
-    return client
+log = logging.getLogger(__name__)
 
-
-def get_build_queue(app: Flask | None = None) -> Queue:
-    app = app or current_app
-    return Queue(app.config["BUILD_QUEUE"], connection=get_redis(app),
-                 default_timeout=app.config["BUILD_JOB_TIMEOUT"])
+_LIVE_JOB_STATES = {JobStatus.QUEUED, JobStatus.STARTED, JobStatus.SCHEDULED,
+                    JobStatus.DEFERRED}
 
 
 def build_job_id(build_id: int) -> str:
@@ -34,3 +29,91 @@ def build_job_id(build_id: int) -> str:
 
 def fanout_job_id(plan_id: int) -> str:
     return f"fanout-plan-{plan_id}"
+
+
+class BuildQueue:
+    """Pushes build and fan-out jobs (ids and modes only, never content) with the
+    configured timeout and retries. ``connect`` gives the app's Redis client."""
+
+    def __init__(self, connect: Callable[[], Redis], settings: EngineSettings) -> None:
+        self._connect = connect
+        self.settings = settings
+
+    @property
+    def redis(self) -> Redis:
+        return self._connect()
+
+    def rq(self) -> Queue:
+        return Queue(self.settings.queue_name, connection=self.redis,
+                     default_timeout=self.settings.job_timeout)
+
+    def enqueue_options(self) -> dict[str, Any]:
+        settings = self.settings
+        return {
+            "job_timeout": settings.job_timeout,
+            "retry": Retry(max=max(1, settings.max_attempts - 1),
+                           interval=list(settings.retry_intervals)),
+            "result_ttl": settings.result_ttl,
+            "failure_ttl": settings.failure_ttl,
+        }
+
+    def push(self, jobs: Iterable[tuple[str, Any]]) -> int:
+        """Push ``("build", build_id)`` and ``("fanout", Fanout)`` jobs; how many were
+        pushed. A Redis failure is logged by kind and left to the sweeper (the rows are
+        the requests, safe in PostgreSQL)."""
+        jobs = list(dict.fromkeys(jobs))
+        if not jobs:
+            return 0
+        options = self.enqueue_options()
+        try:
+            queue = self.rq()
+            for kind, what in jobs:
+                if kind == "build":
+                    queue.enqueue("jobs.builds.run_build", what, job_id=build_job_id(what),
+                                  description=f"memory build {what}", **options)
+                else:
+                    queue.enqueue("jobs.builds.fan_out_plan", what.plan_id, mode=what.mode,
+                                  trigger=what.trigger, requested_by_id=what.requested_by_id,
+                                  job_id=what.job_id, **options,
+                                  description=f"plan {what.plan_id} build fan-out "
+                                              f"({what.mode})")
+        except Exception as exc:  # Redis down, refused, timed out
+            log.warning("build queue unavailable (%s); %d job(s) left for the sweeper",
+                        type(exc).__name__, len(jobs))
+            return 0
+        return len(jobs)
+
+    def lost(self, jobs: dict[str, Any]) -> list[Any]:
+        """Of ``{job id: job}``, the jobs Redis no longer has alive (none when Redis
+        cannot be reached: the sweeper tries again next time)."""
+        if not jobs:
+            return []
+        try:
+            redis = self.redis
+            lost = []
+            for job_id, job in jobs.items():
+                status = Job.fetch(job_id, connection=redis).get_status() \
+                    if Job.exists(job_id, connection=redis) else None
+                if status not in _LIVE_JOB_STATES:
+                    lost.append(job)
+            return lost
+        except Exception as exc:
+            log.warning("sweeper cannot reach the build queue (%s)", type(exc).__name__)
+            return []
+
+
+_BOUND: weakref.WeakKeyDictionary[Engine, BuildQueue] = weakref.WeakKeyDictionary()
+
+
+def bind_queue(engine: Engine, queue: BuildQueue) -> None:
+    """Jobs asked for in transactions on ``engine`` are pushed to ``queue`` at commit."""
+    _BOUND[engine] = queue
+
+
+def queue_for(session: Session) -> BuildQueue | None:
+    """The queue bound to the engine ``session`` writes to, if any."""
+    try:
+        bind = session.get_bind()
+    except Exception:  # an app-bound session used outside its app: nothing to push to
+        return None
+    return _BOUND.get(getattr(bind, "engine", bind))

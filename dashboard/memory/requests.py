@@ -1,12 +1,7 @@
-"""Build requests (§6). PostgreSQL, not Redis, is the source of truth.
-
-A request is a ``memory_builds`` row first. The partial unique index on queued rows makes
-fifty simultaneous requests one build (later ones merge; full wins over quick). The RQ job
-is pushed only after the requesting transaction commits; a rollback — of the whole
-transaction or of a savepoint the request was made in — pushes nothing, and a savepoint's
-rollback leaves the requests made outside it alone. The sweeper (``maintenance``) pushes
-requests whose job is gone (Redis was down).
-"""
+"""Build requests: a ``memory_builds`` row first (PostgreSQL is the truth, fifty requests
+merge into one queued build), the RQ job pushed only after the outermost commit of the
+transaction that asked (``queue.queue_for``); a rollback drops only what it asked for.
+docs/architecture/builds.md has the reasoning."""
 
 from __future__ import annotations
 
@@ -17,37 +12,35 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from flask import current_app, has_app_context
-from rq import Retry
 from sqlalchemy import case, event, func, or_, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
-from dashboard.forms import Refusal
 from dashboard.memory.models import BUILD_MODES, BUILD_TRIGGERS, MemoryBuild
-from dashboard.memory.queue import build_job_id, fanout_job_id, get_build_queue
+from dashboard.memory.queue import fanout_job_id, queue_for
 from dashboard.plans.models import Plan
 from dashboard.plans.services import users_of_plan
+from dashboard.refusals import Refusal, TooSoon
 
 log = logging.getLogger(__name__)
 
 _PENDING = "orbitpilot.pending_jobs"
+_REQUESTED = "orbitpilot.requested_builds"
 
 
 class BuildRequestError(Refusal):
     """A build request refused for a reason the person asking should read."""
 
 
-class RateLimited(BuildRequestError):
+class RateLimited(TooSoon):
     # Says only what is known: the user asked. Their earlier request may still be
     # waiting for a worker, so "your memory was updated" would be false.
     def __init__(self, retry_after: int) -> None:
         super().__init__(
-            f"You asked for an update a moment ago; you can ask again in {retry_after} s."
-        )
-        self.retry_after = retry_after
+            f"You asked for an update a moment ago; you can ask again in {retry_after} s.",
+            retry_after)
 
 
 @dataclass(frozen=True)
@@ -98,11 +91,26 @@ def request_builds(
         set_={"mode": _merge_mode(stmt.excluded.mode)},
     ).returning(MemoryBuild.id, text("(xmax = 0) AS inserted"), MemoryBuild.user_id)
     requests = []
+    transaction = _transaction(_own(session))
+    book = _own(session).info.setdefault(_REQUESTED, [])
     for build_id, inserted, user_id in session.execute(stmt).all():
         if inserted:
             defer_job(session, ("build", build_id))
-        requests.append(BuildRequest(build_id, merged=not inserted, user_id=user_id))
+        request = BuildRequest(build_id, merged=not inserted, user_id=user_id)
+        requests.append(request)
+        if mode == "quick":
+            book.append((transaction, request))
     return sorted(requests, key=lambda r: r.user_id)
+
+
+def build_for_change(session: Session, user_id: int) -> BuildRequest:
+    """The quick build a change of ``user_id``'s content asked for in this transaction
+    (the change listener's request, made at the flush), or a new one when the listener
+    saw no change it watches: one build request per write."""
+    for _, request in reversed(_own(session).info.get(_REQUESTED, [])):
+        if request.user_id == user_id:
+            return request
+    return request_build(session, user_id, trigger="content_change")
 
 
 def request_builds_by_staff(session: Session, user_ids: Iterable[int], *, mode: str,
@@ -146,12 +154,10 @@ def request_build(
 
 
 def request_user_update(
-    session: Session, user: User, *, mode: str = "quick", now: datetime | None = None,
-    min_interval: int | None = None,
+    session: Session, user: User, *, interval: int, mode: str = "quick",
+    now: datetime | None = None,
 ) -> BuildRequest:
-    """The user's own "update my memory now", at most once per interval."""
-    interval = min_interval if min_interval is not None else \
-        current_app.config["USER_BUILD_INTERVAL_SECONDS"]
+    """The user's own "update my memory now", at most once per ``interval`` seconds."""
     now = now or datetime.now(UTC)
     last = session.scalar(
         select(func.max(MemoryBuild.created_at)).where(
@@ -166,12 +172,11 @@ def request_user_update(
 
 def request_builds_for_plan(
     session: Session, plan: Plan, *, mode: str = "quick", trigger: str = "admin",
-    requested_by_id: int | None = None, batch_size: int | None = None,
+    requested_by_id: int | None = None, batch_size: int,
 ) -> Iterator[int]:
     """Fan out one request per active user of ``plan``, a batch at a time. Yields the
     number requested in each batch; the caller commits after each (so jobs start flowing
     before the whole plan is done, and no transaction holds thousands of rows)."""
-    batch_size = batch_size or current_app.config["BUILD_FANOUT_BATCH"]
     after = 0
     while True:
         ids = session.scalars(
@@ -222,11 +227,17 @@ def request_plan_fanout(session: Session, plan_id: int, *, mode: str = "quick",
 # rollback drops what that transaction and the savepoints inside it asked for, nothing
 # else; the outermost commit pushes what is left.
 
+def _own(session: Session | scoped_session) -> Session:
+    return session() if isinstance(session, scoped_session) else session
+
+
+def _transaction(session: Session) -> SessionTransaction | None:
+    return session.get_nested_transaction() or session.get_transaction()
+
+
 def defer_job(session: Session | scoped_session, job: tuple[str, Any]) -> None:
-    if isinstance(session, scoped_session):
-        session = session()
-    transaction = session.get_nested_transaction() or session.get_transaction()
-    session.info.setdefault(_PENDING, []).append((transaction, job))
+    session = _own(session)
+    session.info.setdefault(_PENDING, []).append((_transaction(session), job))
 
 
 def _inside(transaction: SessionTransaction | None, ancestor: SessionTransaction) -> bool:
@@ -239,9 +250,10 @@ def _inside(transaction: SessionTransaction | None, ancestor: SessionTransaction
 
 def _forget(session: Session, transaction: SessionTransaction) -> None:
     """Drop what ``transaction`` and the savepoints inside it asked for."""
-    pending = session.info.get(_PENDING)
-    if pending:
-        pending[:] = [(t, job) for t, job in pending if not _inside(t, transaction)]
+    for key in (_PENDING, _REQUESTED):
+        entries = session.info.get(key)
+        if entries:
+            entries[:] = [(t, item) for t, item in entries if not _inside(t, transaction)]
 
 
 @event.listens_for(Session, "after_soft_rollback")
@@ -255,9 +267,15 @@ def _push_after_commit(session: Session) -> None:
     # transaction is, and its own after_commit pushes everything then.
     if session.in_nested_transaction():
         return
+    session.info.pop(_REQUESTED, None)  # a later transaction asks (and merges) anew
     pending = session.info.pop(_PENDING, None)
-    if pending:
-        push_jobs([job for _, job in pending])
+    if not pending:
+        return
+    queue = queue_for(session)
+    if queue is None:  # no queue bound (a bare engine): the sweeper pushes them
+        log.info("%d build job(s) left for the sweeper: no queue bound", len(pending))
+        return
+    queue.push([job for _, job in pending])
 
 
 @event.listens_for(Session, "after_transaction_end")
@@ -265,38 +283,3 @@ def _drop_when_the_transaction_ends(session: Session, transaction: SessionTransa
     # A session closed without commit or rollback: what it asked for goes with it.
     if transaction.parent is None:
         _forget(session, transaction)
-
-
-def _enqueue_options(config: Any) -> dict[str, Any]:
-    return {
-        "job_timeout": config["BUILD_JOB_TIMEOUT"],
-        "retry": Retry(max=max(1, config["BUILD_MAX_ATTEMPTS"] - 1),
-                       interval=config["BUILD_RETRY_INTERVALS"]),
-        "result_ttl": 3600,
-        "failure_ttl": 7 * 24 * 3600,
-    }
-
-
-def push_jobs(jobs: list[tuple[str, Any]]) -> int:
-    """Push build and fan-out jobs; ids and modes only, never content. Returns how many
-    were pushed. A Redis failure is logged (without content) and left to the sweeper."""
-    if not jobs or not has_app_context():
-        return 0
-    options = _enqueue_options(current_app.config)
-    try:
-        queue = get_build_queue()
-        for kind, what in dict.fromkeys(jobs):
-            if kind == "build":
-                queue.enqueue("jobs.builds.run_build", what, job_id=build_job_id(what),
-                              description=f"memory build {what}", **options)
-            else:
-                queue.enqueue("jobs.builds.fan_out_plan", what.plan_id, mode=what.mode,
-                              trigger=what.trigger, requested_by_id=what.requested_by_id,
-                              job_id=what.job_id, **options,
-                              description=f"plan {what.plan_id} build fan-out ({what.mode})")
-    except Exception as exc:  # Redis down, refused, timed out: the rows are safe in PostgreSQL
-        log.warning("build queue unavailable (%s); %d job(s) left for the sweeper",
-                    type(exc).__name__, len(jobs))
-        return 0
-    return len(jobs)
-

@@ -1,4 +1,4 @@
-"""Running one build record (§6): claim it, run the swap, record the outcome.
+"""Running one build record: claim it, run the swap, record the outcome.
 
 RQ's job status is never read to decide what a build's status is: the record is the truth,
 and every way a job can end (success, exception, retry, timeout, a killed work horse, a
@@ -13,18 +13,18 @@ import threading
 from contextlib import suppress
 from typing import Any
 
-from flask import current_app
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
-from dashboard.extensions import db
 from dashboard.memory.embedders import Embedder, get_embedder
+from dashboard.memory.locks import hold_user, release_user
 from dashboard.memory.models import MemoryBuild
-from dashboard.memory.pipeline import BUILD_LOCK_NAMESPACE, BuildResult, run_memory_build
-from dashboard.memory.requests import BuildRequestError
+from dashboard.memory.pipeline import BuildResult, run_memory_build
+from dashboard.memory.settings import EngineSettings
+from dashboard.refusals import Refusal
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def describe_error(exc: BaseException) -> str:
         code = getattr(exc.orig, "sqlstate", None)
         return f"database error {type(exc.orig).__name__}" + (f" (SQLSTATE {code})" if code
                                                                   else "")
-    if isinstance(exc, BuildRequestError):
+    if isinstance(exc, Refusal):
         return exc.sentence
     return f"{type(exc).__name__} during the build"
 
@@ -104,12 +104,12 @@ def _finish(engine: Engine, build_id: int, *, reason: str, requeue: bool) -> str
     return "failed"
 
 
-def abandon_build(build_id: int, reason: str) -> bool:
+def abandon_build(engine: Engine, build_id: int, reason: str) -> bool:
     """A job that ended outside our code (its work horse killed, the worker shut down)
     records its build failed at once instead of leaving it to the sweeper. Only a running
     build: one still queued (its horse died waiting for the user's lock, or it went back
     to the queue for a retry) stays queued, and runs."""
-    with db.engine.begin() as conn:
+    with engine.begin() as conn:
         return conn.execute(fail_running(MemoryBuild.id == build_id, reason=reason)).rowcount == 1
 
 
@@ -130,7 +130,8 @@ def _claim(session: Session, build_id: int, user_id: int, embedder: Embedder):
     ).first()
 
 
-def execute_build(build_id: int, *, embedder: Embedder | None = None) -> str:
+def execute_build(engine: Engine, build_id: int, *, settings: EngineSettings,
+                  embedder: Embedder | None = None) -> str:
     """Claim and run one build record. Returns its final status for this attempt.
 
     One connection carries the whole job, with a session-level advisory lock on the user
@@ -138,15 +139,13 @@ def execute_build(build_id: int, *, embedder: Embedder | None = None) -> str:
     interleaves; a dead worker's lock dies with its connection). The claim commits on its
     own, so "running" and the heartbeat are visible while the build's transaction, which
     swaps the chunks and writes the counts, is still open."""
-    config = current_app.config
-    engine = db.engine
-    embedder = embedder or get_embedder(config["EMBEDDER"])
+    embedder = embedder or get_embedder(settings.embedder)
     with engine.connect() as conn:
         session = Session(bind=conn, expire_on_commit=False)
         user_id = session.scalar(select(MemoryBuild.user_id).where(MemoryBuild.id == build_id))
         if user_id is None:
             return "missing"
-        session.execute(select(func.pg_advisory_lock(BUILD_LOCK_NAMESPACE, user_id)))
+        hold_user(session, user_id)
         session.commit()
         try:
             claimed = _claim(session, build_id, user_id, embedder)
@@ -154,17 +153,18 @@ def execute_build(build_id: int, *, embedder: Embedder | None = None) -> str:
             if claimed is None:
                 return "not-queued"
             mode, attempts = claimed
-            with Heartbeat(engine, build_id, config["BUILD_HEARTBEAT_SECONDS"]):
+            with Heartbeat(engine, build_id, settings.heartbeat_seconds):
                 try:
                     user = session.get(User, user_id)
                     result = run_memory_build(user, mode, session=session, embedder=embedder,
-                                              build_id=build_id)
+                                              build_id=build_id,
+                                              ann_threshold=settings.ann_min_chunks)
                     _record_success(session, build_id, result)
                     session.commit()
                     return "succeeded"
                 except BaseException as exc:
                     _safe_rollback(session)
-                    retry = isinstance(exc, RETRYABLE) and attempts < config["BUILD_MAX_ATTEMPTS"]
+                    retry = isinstance(exc, RETRYABLE) and attempts < settings.max_attempts
                     outcome = _finish(engine, build_id, reason=describe_error(exc),
                                       requeue=retry)
                     log.warning("build %s %s: %s", build_id, outcome, describe_error(exc))
@@ -174,7 +174,7 @@ def execute_build(build_id: int, *, embedder: Embedder | None = None) -> str:
         finally:
             # If the connection broke, its session-level lock went with it.
             with suppress(Exception):
-                session.execute(select(func.pg_advisory_unlock(BUILD_LOCK_NAMESPACE, user_id)))
+                release_user(session, user_id)
                 session.commit()
             session.close()
 

@@ -1,4 +1,4 @@
-"""Retrieval: top-k memory chunks of one user by cosine distance (§6).
+"""Retrieval: top-k memory chunks of one user by cosine distance.
 
 An HNSW index filtered to one user post-filters: among millions of chunks it can return
 3 of 10 (measured: under 1 of 10 at 100 users). So the index holds only the rows of

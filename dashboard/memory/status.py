@@ -1,4 +1,4 @@
-"""The Memory Status page's reads (§4): what a signed-in user's memory holds, why, and
+"""The Memory Status page's reads: what a signed-in user's memory holds, why, and
 what the next build will change.
 
 Content-free by construction: every query here selects ids, states, counts and times,
@@ -34,7 +34,7 @@ class SourceStatus:
     key: str
     label: str
     state: SourceState
-    sentence: str  # §4's sentence, word for word what every surface says
+    sentence: str  # the status sentence, word for word what every surface says
     chunks: int  # stored now, i.e. as of the last successful build
     # The dry run of the next quick update, in chunks.
     to_add: int

@@ -10,18 +10,18 @@ from dashboard.memory.embedders import embedder_model_name
 from dashboard.memory.requests import RateLimited, request_user_update
 from dashboard.memory.status import memory_status
 from dashboard.plans.sentences import GUEST_INVITATION
-from dashboard.plans.services import resolve_build_sources
+from dashboard.plans.web import resolution_of
 
 bp = Blueprint("memory", __name__, url_prefix="/memory")
 
 
 @bp.route("/status")
 def status():
-    """The Memory Status page (§4); a guest sees the invitation instead."""
+    """The Memory Status page; a guest sees the invitation instead."""
     if not current_user.is_authenticated:
         return render_template("memory/guest.html", invitation=GUEST_INVITATION)
     # The request's cached plan: the chat notice on this page resolves the same one.
-    resolution = resolve_build_sources(current_user)
+    resolution = resolution_of(current_user)
     page = memory_status(db.session, current_user, resolution=resolution,
                          embedder_name=embedder_model_name(current_app.config["EMBEDDER"]))
     return render_template("memory/status.html", page=page,
@@ -33,7 +33,9 @@ def status():
 def update_now():
     """"Update my memory now": a quick build, at most once per interval."""
     try:
-        asked = request_user_update(db.session, current_user)
+        asked = request_user_update(
+            db.session, current_user,
+            interval=current_app.config["USER_BUILD_INTERVAL_SECONDS"])
     except RateLimited as exc:
         flash(exc.sentence, "warning")
         return redirect(url_for("memory.status"), 303)

@@ -67,7 +67,7 @@ class Conversation(db.Model):
 
 class Message(db.Model):
     """A turn. ``position`` orders a conversation; an assistant turn names the user turn
-    it answered in ``reply_to_id``, which is what chat-history pairing follows (§6)."""
+    it answered in ``reply_to_id``, which is what chat-history pairing follows."""
 
     __tablename__ = "messages"
     __table_args__ = (

@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dashboard.forms import FieldError
 from dashboard.orbitpilot.models import ProfileFact
+from dashboard.refusals import FieldError
 
 MAX_KEY = 64  # the column's length
 MAX_VALUE = 1_000

@@ -7,7 +7,7 @@ model: it answers from the current conversation and the memory hits it was hande
 says plainly what it drew on, deterministically, so tests can assert its words.
 
 The context holds EVERY turn of the current conversation, the ones marked "Not
-remembered" included (§5 rule 1: OrbitPilot keeps following the conversation; the flag
+remembered" included (OrbitPilot keeps following the conversation; the flag
 only keeps a turn out of long-term memory).
 """
 
@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
+
+from dashboard.plans.sentences import join_labels
 
 DEFAULT_RESPONDER = "dashboard.orbitpilot.responder.BuiltinResponder"
 # How many memory chunks a signed-in user's reply may draw on.
@@ -93,8 +95,6 @@ def _labels_in_order(hits: tuple[MemoryHit, ...]) -> list[str]:
 
 def drew_on_sentence(earlier_turns: int, labels: list[str], hits: int) -> str:
     """"I drew on …": how many earlier turns of this conversation, which sources."""
-    from dashboard.plans.sentences import join_labels
-
     parts = []
     if earlier_turns:
         parts.append(f"{_plural(earlier_turns, 'earlier message')} of this conversation")

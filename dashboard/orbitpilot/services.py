@@ -1,9 +1,9 @@
-"""Chat with OrbitPilot (§4, §5): conversations, sending, the per-message "do not
+"""Chat with OrbitPilot: conversations, sending, the per-message "do not
 remember" flag, Catch, and the one sentence about whether chat history is remembered.
 
 Services flush; the view commits. A flag flip (or any edit of a turn) reaches the owner's
 next build through ``memory.changes``, which requests it in the same transaction; a new
-turn alone requests nothing (§5: a conversation's end or idleness does).
+turn alone requests nothing (a conversation's end or idleness does).
 """
 
 from __future__ import annotations
@@ -20,11 +20,8 @@ from dashboard.audit.services import Actor, changes, record_event
 from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_TITLE as BLINK_MAX_TITLE
 from dashboard.blinks.services import BlinkError, create_blink
-from dashboard.forms import Refusal
 from dashboard.ids import find_owned
-from dashboard.memory.embedders import Embedder
-from dashboard.memory.requests import BuildRequest, request_build
-from dashboard.memory.search import search_memory
+from dashboard.memory import BuildRequest, Embedder, request_build, search_memory
 from dashboard.orbitpilot.models import Conversation, Message
 from dashboard.orbitpilot.responder import (
     DEFAULT_MEMORY_K,
@@ -34,7 +31,8 @@ from dashboard.orbitpilot.responder import (
     Turn,
 )
 from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_sentence
-from dashboard.plans.services import Resolution, get_user_plan, resolve_sources
+from dashboard.plans.services import Resolution, UserPlans, get_user_plan, resolve_sources
+from dashboard.refusals import Conflict, Failed, NotFound, Refusal
 from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, get_source
 
 log = logging.getLogger(__name__)
@@ -54,28 +52,28 @@ GUEST_SESSION_BYTES = 2500
 NOT_REMEMBERED_LABEL = "Not remembered"
 REMEMBERED_LABEL = "Remembered"
 REMEMBER_TOGGLE_ACTION = "message.remember_toggle"
+NO_ANSWER = "OrbitPilot could not answer that. Try again."
 
 
 class ChatError(Refusal):
-    """A chat action refused, with the status and a sentence the person should read."""
-
-    status = 400
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        if status is not None:
-            self.status = status
+    """A chat action refused, with a sentence the person should read."""
 
 
-class ChatNotFound(ChatError):
+class ChatNotFound(NotFound):
     # The same answer whether the row belongs to someone else or does not exist.
-    status = 404
-
-    def __init__(self, message: str = "There is no such conversation or message.") -> None:
-        super().__init__(message)
+    def __init__(self, sentence: str = "There is no such conversation or message.") -> None:
+        super().__init__(sentence)
 
 
-# -- the one sentence (§4) ---------------------------------------------------------------
+class ChatEnded(Conflict):
+    pass
+
+
+class ResponderFailed(Failed):
+    pass
+
+
+# -- the one sentence ---------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ChatMemory:
@@ -87,7 +85,7 @@ class ChatMemory:
 
     @property
     def honesty_note(self) -> str | None:
-        """The reply's note (§4): the notice's sentence, when chat is not remembered."""
+        """The reply's note: the notice's sentence, when chat is not remembered."""
         return None if self.remembered else self.text
 
 
@@ -108,18 +106,18 @@ def _is_guest(user: Any) -> bool:
     return user is None or not getattr(user, "is_authenticated", False)
 
 
-def get_chat_memory(user: Any) -> ChatMemory:
-    """The notice and the honesty note for ``user``: one query the first time in a
-    request (the plan, shared with every other surface), none after."""
+def get_chat_memory(user: Any, plans: UserPlans) -> ChatMemory:
+    """The notice and the honesty note for ``user``: one query the first time ``plans``
+    (the request's) reads the plan, shared with every other surface; none after."""
     if _is_guest(user):
         return GUEST_CHAT_MEMORY
-    return chat_memory_for(resolve_sources(get_user_plan(user)))
+    return chat_memory_for(resolve_sources(get_user_plan(user, plans)))
 
 
-def get_chat_memory_notice(user: Any) -> str:
-    """The line under the chat composer (§4): the guest invitation; CHAT_REMEMBERED when
-    chat history is included; else exactly the Memory Status page's reason."""
-    return get_chat_memory(user).text
+def get_chat_memory_notice(user: Any, plans: UserPlans) -> str:
+    """The line under the chat composer: the guest invitation; CHAT_REMEMBERED when chat
+    history is included; else exactly the Memory Status page's reason."""
+    return get_chat_memory(user, plans).text
 
 
 # -- what pages show ---------------------------------------------------------------------
@@ -286,15 +284,15 @@ def send_message(
     """Store the user's turn, ask the responder, store its reply.
 
     The responder sees every turn of this conversation, the ones marked "Not remembered"
-    included (§5 rule 1), and the top ``memory_k`` memory chunks of this user."""
+    included, and the top ``memory_k`` memory chunks of this user."""
     text = clean_message(text)
     new = conversation_id in (None, "")
     if not new:
         # Locked: two sends at once must not take the same position.
         conversation = get_conversation(session, user_id, conversation_id, lock=True)
         if conversation.status != "open":
-            raise ChatError("This conversation has ended, so it takes no new messages. "
-                            "Start a new conversation to keep chatting.", status=409)
+            raise ChatEnded("This conversation has ended, so it takes no new messages. "
+                            "Start a new conversation to keep chatting.")
     # A savepoint: a responder that fails leaves no question without its answer.
     with session.begin_nested():
         if new:
@@ -333,10 +331,10 @@ def _respond(responder: Any, context: ResponderContext) -> Reply:
         reply = responder(context)
     except Exception as exc:  # a pluggable responder: any failure is "no answer", logged by kind
         log.warning("responder failed: %s", type(exc).__name__)
-        raise ChatError("OrbitPilot could not answer that. Try again.", status=502) from None
+        raise ResponderFailed(NO_ANSWER) from None
     text = (reply.text or "").strip() if isinstance(reply, Reply) else ""
     if not text:
-        raise ChatError("OrbitPilot could not answer that. Try again.", status=502)
+        raise ResponderFailed(NO_ANSWER)
     return reply
 
 
@@ -389,7 +387,7 @@ def guest_send(stored: Any, text: Any, *, responder: Any) -> tuple[Exchange, lis
     return exchange, kept
 
 
-# -- the "do not remember" flag (§5) -----------------------------------------------------
+# -- the "do not remember" flag -----------------------------------------------------
 
 def _owned_message(session: Session, user_id: int, message_id: Any) -> Message:
     # Locked: two taps at once flip twice, in order, each with its own audit event.

@@ -1,4 +1,4 @@
-"""Chat with OrbitPilot (§4, §5): the full-screen chat, the dock on every page, sending,
+"""Chat with OrbitPilot: the full-screen chat, the dock on every page, sending,
 ending a conversation, the per-message eye toggle and Catch.
 
 Views parse the request, call a service, commit, then answer: JSON for ``format=json``
@@ -26,13 +26,15 @@ from flask import (
 from flask_login import current_user, login_required
 from sqlalchemy import inspect as sa_inspect
 
-from dashboard.errors import problem, wants_json
+from dashboard.errors import TITLES, problem, refusal_status, wants_json
 from dashboard.extensions import db, login_manager
 from dashboard.ids import parse_id
-from dashboard.memory.embedders import get_embedder
+from dashboard.memory import get_embedder
 from dashboard.orbitpilot import services
 from dashboard.orbitpilot.responder import DEFAULT_MEMORY_K, DEFAULT_RESPONDER, load_responder
 from dashboard.orbitpilot.services import ChatError, ChatMemory, Exchange
+from dashboard.plans.web import request_plans
+from dashboard.refusals import Refusal
 
 bp = Blueprint("orbitpilot", __name__, url_prefix="/orbitpilot")
 
@@ -60,17 +62,15 @@ def _json_requested() -> bool:
 
 
 def _problem(status: int, detail: str):
-    titles = {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 409: "Conflict",
-              502: "Bad Gateway"}
-    return problem(status, titles.get(status, "Error"), detail)
+    return problem(status, TITLES.get(status, "Error"), detail)
 
 
-def _refuse(error: ChatError):
+def _refuse(error: Refusal):
     """A refused action (services refuse before they write): JSON for JSON clients, else
     the error page (never a 500)."""
     if _json_requested():
-        return _problem(error.status, error.sentence)
-    abort(error.status, error.sentence)
+        return _problem(refusal_status(error), error.sentence)
+    abort(refusal_status(error), error.sentence)
 
 
 def _conversation_url(conversation_id: int | None, anchor: int | None = None) -> str:
@@ -81,7 +81,7 @@ def _conversation_url(conversation_id: int | None, anchor: int | None = None) ->
 
 
 def _chat_memory() -> ChatMemory:
-    return services.get_chat_memory(current_user)
+    return services.get_chat_memory(current_user, request_plans())
 
 
 @bp.record_once
@@ -155,7 +155,7 @@ def new_conversation():
 def conversation(conversation_id: str):
     try:
         found = services.get_conversation(db.session, current_user.id, conversation_id)
-    except ChatError as exc:
+    except Refusal as exc:
         return _refuse(exc)
     return _render_chat(conversation=found,
                         messages=services.conversation_messages(db.session, found.id))
@@ -170,7 +170,7 @@ def end(conversation_id: str | None = None):
     try:
         build = services.end_user_conversation(db.session, user_id=current_user.id,
                                                conversation_id=conversation_id)
-    except ChatError as exc:
+    except Refusal as exc:
         return _refuse(exc)
     db.session.commit()
     id_ = parse_id(conversation_id)
@@ -222,7 +222,7 @@ def send():
         exchange = services.send_message(
             db.session, user_id=current_user.id, text=text, conversation_id=conversation_id,
             responder=_responder(), embedder=embedder, memory_k=_memory_k())
-    except ChatError as exc:
+    except Refusal as exc:
         return _send_refused(exc, text, conversation_id)
     memory = _chat_memory()
     payload = _exchange_json(exchange, memory, guest=False) if _json_requested() else None
@@ -232,39 +232,41 @@ def send():
     return redirect(_conversation_url(exchange.conversation_id, exchange.reply.id), 303)
 
 
-def _send_refused(error: ChatError, draft: str, conversation_id: Any):
+def _send_refused(error: Refusal, draft: str, conversation_id: Any):
     """JSON: the problem. A form: the chat again, with the error and the draft kept."""
+    status = refusal_status(error)
     if _json_requested():
-        return _problem(error.status, error.sentence)
-    if error.status == 404:
+        return _problem(status, error.sentence)
+    if status == 404:
         abort(404, error.sentence)
     found, messages = None, []
     if conversation_id is not None and current_user.is_authenticated:
         try:
             found = services.get_conversation(db.session, current_user.id, conversation_id)
             messages = services.conversation_messages(db.session, found.id)
-        except ChatError:
+        except Refusal:
             found = None
     return _render_chat(conversation=found, messages=messages, draft=draft[:20_000],
-                        error=error.sentence, status=error.status)
+                        error=error.sentence, status=status)
 
 
 def _guest_send(text: str):
     try:
         exchange, kept = services.guest_send(session.get(GUEST_SESSION_KEY), text,
                                              responder=_responder())
-    except ChatError as exc:
+    except Refusal as exc:
         if _json_requested():
-            return _problem(exc.status, exc.sentence)
+            return _problem(refusal_status(exc), exc.sentence)
         return _render_chat(messages=services.guest_turns(session.get(GUEST_SESSION_KEY)),
-                            draft=text[:20_000], error=exc.sentence, status=exc.status)
+                            draft=text[:20_000], error=exc.sentence,
+                            status=refusal_status(exc))
     session[GUEST_SESSION_KEY] = kept
     if _json_requested():
         return jsonify(_exchange_json(exchange, services.GUEST_CHAT_MEMORY, guest=True)), 201
     return redirect(url_for("orbitpilot.chat"), 303)
 
 
-# -- actions on one message: the eye toggle (§5) and Catch ---------------------------------
+# -- actions on one message: the eye toggle and Catch ---------------------------------
 
 def _guest_refused():
     """Guests have no stored messages: 401 for JSON, the sign-in page for a form."""
@@ -275,7 +277,7 @@ def _guest_refused():
 
 @bp.route("/message/remember/", methods=["POST"])
 def orbitpilot_toggle_remember():
-    """Flip "do not remember" on one of the user's own messages (§5)."""
+    """Flip "do not remember" on one of the user's own messages."""
     if not current_user.is_authenticated:
         return _guest_refused()
     wanted = request.form.get("not_remembered")
@@ -285,7 +287,7 @@ def orbitpilot_toggle_remember():
         result = services.toggle_remember(
             db.session, user=current_user, message_id=request.form.get("message_id"),
             not_remembered=None if wanted is None else wanted == "1")
-    except ChatError as exc:
+    except Refusal as exc:
         return _refuse(exc)
     db.session.commit()
     if _json_requested():
@@ -306,7 +308,7 @@ def orbitpilot_catch():
     try:
         result = services.catch_reply(db.session, user_id=current_user.id,
                                       message_id=request.form.get("message_id"))
-    except ChatError as exc:
+    except Refusal as exc:
         return _refuse(exc)
     db.session.commit()
     if _json_requested():

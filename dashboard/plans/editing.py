@@ -15,7 +15,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from dashboard.audit.services import Actor, changes, record_event
-from dashboard.forms import Refusal
 from dashboard.plans.impact import (
     ASSIGNMENT_VALUES,
     Impact,
@@ -24,6 +23,7 @@ from dashboard.plans.impact import (
     preview_plan_change,
 )
 from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.refusals import Refusal
 from dashboard.sources import SOURCE_KEYS, SOURCES
 
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")

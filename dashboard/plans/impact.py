@@ -1,4 +1,4 @@
-"""What a cap or assignment change would do, before it is applied (§9).
+"""What a cap or assignment change would do, before it is applied.
 
 Every user of a plan resolves the same way (resolution depends on the plan alone), so
 the impact is the resolution of the plan as it is against the resolution of the plan as

@@ -1,4 +1,4 @@
-"""One sentence per source state (§4). Every surface that says whether something is
+"""One sentence per source state. Every surface that says whether something is
 remembered (Memory Status, the chat notice, the reply's honesty note) calls this, so they
 can never disagree word for word.
 
@@ -9,14 +9,7 @@ which keep their capitals wherever they stand."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from dashboard.plans.services import (
-    Resolution,
-    SourceResolution,
-    SourceState,
-    resolve_build_sources,
-)
+from dashboard.plans.services import Resolution, SourceResolution, SourceState
 from dashboard.sources import get_source
 
 CHAT_REMEMBERED = "Conversations are remembered so I can help you better"
@@ -79,9 +72,7 @@ def state_sentence(source: SourceResolution, resolution: Resolution) -> str:
     return f"Not remembered on the {plan} plan: an administrator has not switched on {label}."
 
 
-def source_sentence(user: Any, key: str) -> tuple[SourceResolution, str]:
-    """One source's state for ``user`` and its sentence, as a page about that source
-    shows them (the plan: one query per request, shared with the chat notice)."""
-    resolution = resolve_build_sources(user)
+def source_sentence(resolution: Resolution, key: str) -> tuple[SourceResolution, str]:
+    """One source's state and its sentence, as a page about that source shows them."""
     source = resolution.get(key)
     return source, state_sentence(source, resolution)

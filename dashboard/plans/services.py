@@ -1,9 +1,8 @@
-"""Plans, limits and source resolution: the one truth of what a build includes (§3).
+"""Plans, limits and source resolution: the one truth of what a build includes.
 
-``resolve_sources`` is the pure rule; ``resolve_build_sources`` feeds it the user's plan.
-The plan is read once per request (``get_user_plan``) and shared by every surface that
-needs it, so the chat notice on every page costs at most one query.
-"""
+``resolve_sources`` is the pure rule; ``resolve_build_sources`` feeds it the user's plan
+through a ``UserPlans``, which reads each user's plan once for as long as it lives: a
+request keeps one (``plans.web``), so every surface of a page shares one query."""
 
 from __future__ import annotations
 
@@ -11,13 +10,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from flask import has_request_context, request
 from sqlalchemy import ColumnElement, Integer, func, literal, or_, select
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, joinedload
 
 from dashboard.auth.models import User
-from dashboard.extensions import db
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
 from dashboard.sources import SOURCES
 
@@ -126,7 +123,7 @@ class Resolution:
 
 
 def resolve_sources(plan: UserPlan | None) -> Resolution:
-    """The rule of §3, for a plan (``None`` = a guest), with no I/O."""
+    """The rule, for a plan (``None`` = a guest), with no I/O."""
     resolved: list[SourceResolution] = []
     if plan is None:
         for rank, source in enumerate(SOURCES, start=1):
@@ -185,61 +182,37 @@ def users_of_plan(plan_id: int, is_default: bool) -> ColumnElement[bool]:
 
 # -- reading plans ---------------------------------------------------------------------
 
-def _session(session: Session | None) -> Session:
-    return session if session is not None else db.session
-
-
-def _load_plan(session: Session | None, condition: Any) -> Plan | None:
+def _load_plan(session: Session, condition: Any) -> Plan | None:
     """A plan with its assignment rows in one round trip (the notice's whole budget).
 
     populate_existing: a long-lived session must see assignment rows added since it first
     loaded this plan (resolution is the one truth; stale is wrong)."""
-    return _session(session).scalars(
+    return session.scalars(
         select(Plan).where(condition).options(joinedload(Plan.assignments))
         .execution_options(populate_existing=True)
     ).unique().first()
 
 
-def get_default_plan(session: Session | None = None) -> UserPlan:
+def get_default_plan(session: Session) -> UserPlan:
     plan = _load_plan(session, Plan.is_default)
     return UserPlan.from_plan(plan) if plan else FALLBACK_PLAN
 
 
-def get_plan_for_user(user: Any, session: Session | None = None) -> UserPlan | None:
+def _is_guest(user: Any) -> bool:
+    return user is None or not getattr(user, "is_authenticated", False)
+
+
+def get_plan_for_user(user: Any, session: Session) -> UserPlan | None:
     """The user's plan with its assignment rows, in one query; ``None`` for a guest.
 
-    A user with no plan is on the default plan (§3); so is one whose plan row vanished
-    under us (deleted mid-request)."""
-    if user is None or not getattr(user, "is_authenticated", False):
+    A user with no plan is on the default plan; so is one whose plan row vanished under
+    us (deleted mid-request)."""
+    if _is_guest(user):
         return None
     plan = _load_plan(session, Plan.id == plan_or_default(literal(user.plan_id, Integer)))
     if plan is None and user.plan_id is not None:
         return get_default_plan(session)
     return UserPlan.from_plan(plan) if plan else FALLBACK_PLAN
-
-
-# Kept in the WSGI environ, which lives exactly as long as the request (``g`` lives as
-# long as the app context, which can span several requests in tests and CLI code).
-_CACHE_KEY = "orbitpilot.user_plans"
-
-
-def _request_cache() -> dict[int, UserPlan | None]:
-    return request.environ.setdefault(_CACHE_KEY, {})
-
-
-def get_user_plan(user: Any) -> UserPlan | None:
-    """``get_plan_for_user``, read once per request and cached for the rest of it.
-
-    Outside a request (a worker, the CLI) it degrades to the plain query."""
-    if not has_request_context():
-        return get_plan_for_user(user)
-    if user is None or not getattr(user, "is_authenticated", False):
-        return None
-    cache = _request_cache()
-    key = _user_key(user)
-    if key not in cache:
-        cache[key] = get_plan_for_user(user)
-    return cache[key]
 
 
 def _user_key(user: Any) -> Any:
@@ -251,16 +224,39 @@ def _user_key(user: Any) -> Any:
     return user.id
 
 
-def get_effective_limits(user: Any) -> PlanLimits | None:
-    plan = get_user_plan(user)
+class UserPlans:
+    """Users' plans, each read once (``get_plan_for_user``) for as long as this lives.
+
+    The edge keeps one per request and passes it down, so every surface of a page shares
+    one query; a job or command makes its own, which is then a plain query per user."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self._plans: dict[Any, UserPlan | None] = {}
+
+    def of(self, user: Any) -> UserPlan | None:
+        if _is_guest(user):
+            return None
+        key = _user_key(user)
+        if key not in self._plans:
+            self._plans[key] = get_plan_for_user(user, self.session)
+        return self._plans[key]
+
+
+def get_user_plan(user: Any, plans: UserPlans) -> UserPlan | None:
+    """The user's plan, read once per ``plans`` (per request, at the edge)."""
+    return plans.of(user)
+
+
+def get_effective_limits(user: Any, plans: UserPlans) -> PlanLimits | None:
+    plan = plans.of(user)
     if plan is None:
         return None
     return PlanLimits(plan.id, plan.name, plan.included_sources)
 
 
-def resolve_build_sources(user: Any, plan: UserPlan | None = None) -> Resolution:
-    """Per source, in rank order: remembered or not, and why (§3). ``plan`` overrides the
+def resolve_build_sources(user: Any, plans: UserPlans, plan: UserPlan | None = None,
+                          ) -> Resolution:
+    """Per source, in rank order: remembered or not, and why. ``plan`` overrides the
     user's current plan (used for previews of an admin change)."""
-    if plan is None:
-        plan = get_user_plan(user)
-    return resolve_sources(plan)
+    return resolve_sources(plan if plan is not None else plans.of(user))

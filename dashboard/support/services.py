@@ -1,4 +1,4 @@
-"""The support explorer's reads (§9): why a user's source is or is not remembered, and
+"""The support explorer's reads: why a user's source is or is not remembered, and
 what each plan's cap evicts.
 
 Read-only, and content-free by construction: every query here selects ids, emails,
@@ -20,8 +20,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
 from dashboard.ids import INT4_MAX, parse_id
-from dashboard.memory.models import MemoryBuild, MemoryChunk
-from dashboard.memory.status import BuildSummary
+from dashboard.memory import BuildSummary, MemoryBuild, MemoryChunk
 from dashboard.plans.impact import plan_rows
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import (
@@ -60,7 +59,7 @@ class SourceTrace:
     state: str  # a SourceState value, now
     # For evicted_by_cap: the higher-ranked included sources that filled the cap.
     filled_by: tuple[SourceRef, ...]
-    sentence: str  # §4's sentence, word for word what the user sees
+    sentence: str  # the status sentence, word for word what the user sees
     # The state in the last succeeded build's snapshot; None when there was no such build.
     state_then: str | None
     chunks: int

@@ -1,4 +1,4 @@
-"""The support explorer (§9): read-only, for support staff and admins.
+"""The support explorer: read-only, for support staff and admins.
 
 Thin: parse the address, call ``dashboard.support.services``, render. Every page is a
 GET that changes nothing, so there is no form to protect and nothing to commit."""
@@ -10,7 +10,7 @@ from typing import Any
 from flask import abort, redirect, request
 from flask_admin import BaseView, expose
 
-from dashboard.admin.views import _RoleGate
+from dashboard.admin.base import RoleGate
 from dashboard.extensions import db
 from dashboard.support.services import find_user_id, plan_report, user_trace
 
@@ -18,7 +18,7 @@ NO_SUCH_USER = "There is no such user."
 NO_MATCH = "No user has that email or id."
 
 
-class SupportView(_RoleGate, BaseView):
+class SupportView(RoleGate, BaseView):
     @expose("/")
     def index(self) -> Any:
         query = request.args.get("q", "").strip()

@@ -1,4 +1,4 @@
-"""Initial schema: the whole product (§2–§8), pgvector, and the append-only audit log.
+"""Initial schema: the whole product, pgvector, and the append-only audit log.
 
 Revision ID: 0001
 Revises: 

@@ -1,5 +1,5 @@
 """Staff saves go through validating services: a bad value is a field error, a database
-refusal a plain sentence — never SQL, its parameters or a password hash (§9, §10)."""
+refusal a plain sentence — never SQL, its parameters or a password hash."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from dashboard.admin.views import SAVE_FAILED
+from dashboard.admin.base import SAVE_FAILED
 from dashboard.auth.models import User
 from dashboard.plans.models import Plan
 from tests.conftest import csrf_from

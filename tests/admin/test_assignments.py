@@ -11,15 +11,14 @@ from sqlalchemy import func, insert, select
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import SYSTEM
 from dashboard.auth.models import User
-from dashboard.memory.maintenance import fan_out_plan_builds
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory import MemoryBuild, fan_out_plan_builds
 from dashboard.plans.editing import PlanError, assignment_value, set_assignment, set_cap
 from dashboard.plans.impact import plan_fingerprint, preview_plan_change
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.services import SourceState, resolve_build_sources
 from dashboard.sources import CHAT_HISTORY, SAVED, SOURCE_KEYS
 from tests.conftest import csrf_from
-from tests.factories import default_plan, make_plan, make_user
+from tests.factories import default_plan, make_plan, make_user, plans_of
 
 MATRIX = "/admin/assignments/"
 
@@ -68,7 +67,8 @@ def test_toggling_chat_history_for_free_previews_then_applies_audits_and_request
     on_plus = make_user(db_session, plan=plus)
     db_session.commit()
     queue.empty()
-    assert resolve_build_sources(on_free[0]).get(CHAT_HISTORY).state is SourceState.INCLUDED
+    chat = resolve_build_sources(on_free[0], plans_of(db_session)).get(CHAT_HISTORY)
+    assert chat.state is SourceState.INCLUDED
     free_users = db_session.scalar(select(func.count()).select_from(User).where(
         (User.plan_id.is_(None)) | (User.plan_id == free.id), User.active))
 
@@ -93,9 +93,10 @@ def test_toggling_chat_history_for_free_previews_then_applies_audits_and_request
     db_session.expire_all()
 
     for user in on_free:
-        state = resolve_build_sources(user).get(CHAT_HISTORY).state
+        state = resolve_build_sources(user, plans_of(db_session)).get(CHAT_HISTORY).state
         assert state is SourceState.NOT_ASSIGNED_BY_ADMIN
-    assert resolve_build_sources(on_plus).get(CHAT_HISTORY).state is SourceState.INCLUDED
+    chat = resolve_build_sources(on_plus, plans_of(db_session)).get(CHAT_HISTORY)
+    assert chat.state is SourceState.INCLUDED
 
     (event,) = audit_events(db_session, "assignment.set")
     assert (event.actor_type, event.actor_id) == ("admin", str(admin.id))
@@ -111,7 +112,7 @@ def test_toggling_chat_history_for_free_previews_then_applies_audits_and_request
     # requests a build for every active Free user and nobody else.
     (job,) = [queue.fetch_job(job_id) for job_id in queue.job_ids]
     assert (job.func_name, job.args) == ("jobs.builds.fan_out_plan", (free.id,))
-    assert fan_out_plan_builds(db_session, free.id) == free_users
+    assert fan_out_plan_builds(db_session, free.id, batch_size=500) == free_users
     for user in on_free:
         (build,) = db_session.scalars(select(MemoryBuild).where(
             MemoryBuild.user_id == user.id)).all()
@@ -152,7 +153,8 @@ def test_the_preview_equals_a_recount_over_1000_users(db_session):
     for plan, change in changes:
         impact = preview_plan_change(db_session, plan, cap=change.get("cap"),
                                      assignment=change.get("assignment"))
-        before = {u.id: set(resolve_build_sources(u).included_keys) for u in users}
+        before = {u.id: set(resolve_build_sources(u, plans_of(db_session)).included_keys)
+                  for u in users}
         # The recount: apply the change for real, resolve every user again one by one,
         # and undo it.
         with db_session.begin_nested() as savepoint:
@@ -161,7 +163,8 @@ def test_the_preview_equals_a_recount_over_1000_users(db_session):
             else:
                 set_assignment(db_session, plan, *change["assignment"], actor=SYSTEM)
             db_session.expire_all()
-            after = {u.id: set(resolve_build_sources(u).included_keys) for u in users}
+            after = {u.id: set(resolve_build_sources(u, plans_of(db_session)).included_keys)
+                     for u in users}
             savepoint.rollback()
         db_session.expire_all()
         for key in SOURCE_KEYS:
@@ -209,7 +212,7 @@ def test_a_cap_change_through_the_preview(client, db_session, admin, queue):
     assert event.details["impact"] == {"users": 2, "gain": [CHAT_HISTORY], "lose": []}
     assert [queue.fetch_job(j).args for j in queue.job_ids] == [(plan.id,)]
     for user in members:
-        assert resolve_build_sources(user).get(CHAT_HISTORY).remembered
+        assert resolve_build_sources(user, plans_of(db_session)).get(CHAT_HISTORY).remembered
 
 
 @pytest.mark.parametrize("meanwhile", ["same row", "the cap", "another row"])
@@ -343,7 +346,7 @@ def test_a_role_and_plan_change_of_a_user_is_one_event(client, db_session, admin
 
 
 def test_revoking_keys_is_audited_once_per_key(client, db_session, admin):
-    from dashboard.xmemo.models import ApiKey
+    from dashboard.memories.models import ApiKey
 
     owner = make_user(db_session)
     keys = [ApiKey(owner_id=owner.id, name=f"k{n}", prefix=f"op_test{n}", key_hash="h",

@@ -1,15 +1,9 @@
 """Admin-triggered builds (one user, whole plans) and the user's "update my memory now"."""
 
-from sqlalchemy import select
 
-from dashboard.memory.maintenance import fan_out_plan_builds
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory import fan_out_plan_builds
 from tests.conftest import csrf_from
-from tests.factories import make_plan, make_user
-
-
-def builds_of(db_session, user_id):
-    return db_session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id)).all()
+from tests.factories import builds_of, make_plan, make_user
 
 
 def test_admin_action_requests_builds_for_selected_users(client, db_session, auth):
@@ -41,7 +35,7 @@ def test_admin_action_fans_out_over_a_plan_through_a_job(client, db_session, aut
     (job,) = [queue.fetch_job(job_id) for job_id in queue.job_ids]
     assert (job.func_name, job.args) == ("jobs.builds.fan_out_plan", (plan.id,))
     assert job.kwargs == {"mode": "full", "trigger": "admin", "requested_by_id": admin.id}
-    assert fan_out_plan_builds(db_session, *job.args, **job.kwargs) == 3
+    assert fan_out_plan_builds(db_session, *job.args, batch_size=500, **job.kwargs) == 3
     for user in members:
         (build,) = builds_of(db_session, user.id)
         assert (build.mode, build.trigger, build.requested_by_id) == ("full", "admin", admin.id)

@@ -1,4 +1,4 @@
-"""No staff page and no audit event ever holds content (§8, §9).
+"""No staff page and no audit event ever holds content.
 
 A user's messages, Blinks, saved memories, documents, profile facts and memory chunks all
 carry one unique canary string; audited actions touch that user (plan switch, builds,
@@ -22,16 +22,15 @@ from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import SYSTEM
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
+from dashboard.memories.keys import revoke_key
+from dashboard.memories.models import ApiKey, Memory
+from dashboard.memories.services import forget_memory
+from dashboard.memory import MemoryBuild, MemoryChunk, request_builds_by_staff
 from dashboard.memory.embedders import HashingEmbedder
-from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
-from dashboard.memory.requests import request_builds_by_staff
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.editing import set_assignment, set_cap
 from dashboard.sources import CHAT_HISTORY, SAVED
-from dashboard.xmemo.keys import revoke_key
-from dashboard.xmemo.models import ApiKey, Memory
-from dashboard.xmemo.services import forget_memory
 from tests.conftest import csrf_from
 from tests.factories import make_conversation, make_plan, make_user
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import pytest
 
 from dashboard.audit.services import SYSTEM, record_event
-from dashboard.memory.models import MemoryBuild
+from dashboard.memories.models import ApiKey
+from dashboard.memory import MemoryBuild
 from dashboard.plans.impact import plan_fingerprint
 from dashboard.sources import CHAT_HISTORY
-from dashboard.xmemo.models import ApiKey
 from tests.conftest import csrf_from
 from tests.factories import make_plan, make_user
 

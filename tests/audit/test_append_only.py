@@ -1,4 +1,4 @@
-"""The audit log is append-only at the database level (§8): the app's own role may only
+"""The audit log is append-only at the database level: the app's own role may only
 read and append, and cannot switch the guard off; the owner is stopped by triggers."""
 
 import pytest

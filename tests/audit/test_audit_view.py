@@ -1,4 +1,4 @@
-"""The audit log in the staff console (§8, §9): read-only, role-gated, filterable, paged by
+"""The audit log in the staff console: read-only, role-gated, filterable, paged by
 position, exportable as CSV that cannot run as a spreadsheet formula, and free of content.
 
 Other tests of a full run may have committed events (the app role cannot delete them), so

@@ -1,4 +1,4 @@
-"""The audit log's hash chain (§8): strictly increasing ``seq`` assigned under a lock, each
+"""The audit log's hash chain: strictly increasing ``seq`` assigned under a lock, each
 event carrying the previous event's hash; ``flask audit verify`` names the first broken
 link; checkpoints of the chain head show a log that was cut short.
 

@@ -31,7 +31,7 @@ def test_signup_lands_on_the_default_free_plan_and_signs_in(client, db_session):
     user = db_session.scalars(select(User).where(User.email == "new.person@example.test")).one()
     assert user.role == "user"
     assert user.plan_id is None
-    assert get_plan_for_user(user).name == "Free"
+    assert get_plan_for_user(user, db_session).name == "Free"
     assert user.password_hash != "a-long-enough-passphrase"
     home = client.get("/").get_data(as_text=True)
     assert "new.person@example.test" in home

@@ -59,10 +59,10 @@ def test_a_client_is_throttled_whichever_accounts_it_tries(client, db_session, l
 
 
 def test_the_counts_live_in_the_apps_redis(app, client, db_session, limits):
-    from dashboard.memory.queue import get_redis
+    from dashboard.queues import redis_client
 
     prefix = app.config["RATELIMIT_STORAGE_OPTIONS"]["key_prefix"]
-    redis = get_redis(app)
+    redis = redis_client(app)
     before = set(redis.scan_iter(f"{prefix}*"))
     attempt(client, "counted@example.test", "wrong-guess-123", address())
     added = {key.decode() for key in set(redis.scan_iter(f"{prefix}*")) - before}

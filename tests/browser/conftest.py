@@ -90,12 +90,12 @@ def live_app(app):
     """A second app on the same test database (``app`` has migrated it), with no fixed
     SERVER_NAME so that url_for matches the address the browser uses, and a build queue
     of its own."""
-    from dashboard.memory.queue import get_build_queue
+    from dashboard.queues import build_queue
 
     live = create_app(make_test_config(SERVER_NAME=None,
                                        BUILD_QUEUE=f"builds-browser-{os.getpid()}"))
     yield live
-    queue = get_build_queue(live)
+    queue = build_queue(live).rq()
     queue.empty()
     queue.delete(delete_jobs=True)
     with live.app_context():

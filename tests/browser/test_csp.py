@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import select
 
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory import MemoryBuild
 from dashboard.plans.models import Plan
 
 # The browser, the live server and ``page`` (sign-in, console checks): conftest.py.

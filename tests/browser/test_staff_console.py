@@ -21,7 +21,7 @@ from sqlalchemy import delete, func, or_, select
 
 from dashboard.audit.models import AuditEvent
 from dashboard.auth.models import User
-from dashboard.memory.maintenance import fan_out_plan_builds
+from dashboard.memory import fan_out_plan_builds
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.sources import CHAT_HISTORY, SAVED
 from tests.factories import default_plan
@@ -68,7 +68,7 @@ def free_with_chat_included(committed):
         session.commit()
         # What a worker would have done with the fan-outs these changes asked for: Free
         # is left with no change waiting (the sweeper's tests count the plans that are).
-        fan_out_plan_builds(session, free.id)
+        fan_out_plan_builds(session, free.id, batch_size=500)
 
 
 def active_users_of_default_plan(session, plan_id: int) -> int:

@@ -12,9 +12,10 @@ import pytest
 from sqlalchemy import select
 
 from dashboard.blinks.models import Blink
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory import MemoryBuild
 from dashboard.orbitpilot.models import Message
 from tests.browser.conftest import Page, chromium
+from tests.factories import builds_of
 from tests.workers import run_worker
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
@@ -23,10 +24,9 @@ from selenium.webdriver.common.by import By  # noqa: E402
 CHAT = "orbitpilot.chat_history"
 
 
-def builds_of(session, user_id: int) -> list[MemoryBuild]:
+def fresh_builds_of(session, user_id: int) -> list[MemoryBuild]:
     session.rollback()  # a fresh snapshot: the server and the worker commit on their own
-    return session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id)
-                           .order_by(MemoryBuild.id)).all()
+    return builds_of(session, user_id)
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ def test_chat_eye_catch_memory_status_update_and_the_worker(page, live_app, comm
     page.click(".op-main form[action$='/end'] button[type=submit]")
     page.settle()
     run_worker(live_app)
-    (first,) = builds_of(session, traveller.id)
+    (first,) = fresh_builds_of(session, traveller.id)
     assert (first.status, first.trigger, first.added) == ("succeeded", "conversation_end", 2)
 
     # The eye on the first message: label appears, icon flips, and the page is not
@@ -106,7 +106,7 @@ def test_chat_eye_catch_memory_status_update_and_the_worker(page, live_app, comm
     page.click("form[action$='/memory/update'] button[type=submit]")
     page.settle()
     run_worker(live_app)
-    last = builds_of(session, traveller.id)[-1]
+    last = fresh_builds_of(session, traveller.id)[-1]
     assert (last.status, last.removed, last.added) == ("succeeded", 1, 1)
     page.open("/memory/status")
     assert page.find(preview).get_attribute("data-remove") == "0"

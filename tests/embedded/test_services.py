@@ -1,4 +1,4 @@
-"""The embedded default (§2): real servers, shared between processes, data kept across
+"""The embedded default: real servers, shared between processes, data kept across
 restarts, stopped by the last process that used them, and safe to kill at any moment.
 Each test uses folders of its own, so the suite's own servers are not disturbed."""
 

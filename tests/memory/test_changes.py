@@ -1,5 +1,5 @@
 """Every change that alters what a user's next build holds requests that build, in the
-same transaction (§6): content, flags, deletions, a plan switch, a cap or an assignment
+same transaction: content, flags, deletions, a plan switch, a cap or an assignment
 (fanned out by a job), and a change made while a build runs."""
 
 from __future__ import annotations
@@ -13,21 +13,30 @@ from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
 from dashboard.extensions import db
+from dashboard.memories.models import Memory
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.maintenance import fan_out_plan_builds, sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.memory.queue import build_job_id, fanout_job_id
 from dashboard.memory.requests import request_build
-from dashboard.memory.runner import DEAD_PREDECESSOR, execute_build
+from dashboard.memory.runner import DEAD_PREDECESSOR
 from dashboard.memory.search import search_memory
 from dashboard.orbitpilot.models import Message, ProfileFact
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import resolve_build_sources
+from dashboard.queues import build_queue
 from dashboard.sources import CHAT_HISTORY
-from dashboard.xmemo.models import Memory
 from tests.conftest import csrf_from
-from tests.factories import PASSWORD, default_plan, make_conversation, make_plan, make_user
+from tests.factories import (
+    PASSWORD,
+    default_plan,
+    make_conversation,
+    make_plan,
+    make_user,
+    plans_of,
+)
+from tests.workers import run_build
 
 
 def queued(session, user_id) -> list[MemoryBuild]:
@@ -80,7 +89,7 @@ def test_what_does_not_change_the_next_build_requests_nothing(db_session):
     blink = Blink(user_id=user.id, title="t", content="c")
     db_session.add(blink)
     _, messages = make_conversation(db_session, user, [("q", "a")])
-    # A new turn waits for the conversation's end or idleness (§5), and a change of a
+    # A new turn waits for the conversation's end or idleness, and a change of a
     # column no source reads is no change at all.
     assert requested_by_change(db_session, user, lambda: db_session.add(Message(
         conversation_id=messages[0].conversation_id, user_id=user.id, role="user",
@@ -128,7 +137,7 @@ def test_cap_and_assignment_changes_fan_out_through_a_job_after_commit(db_sessio
         assert queue.job_ids == [fanout_job_id(plan.id)]
 
     # The job: one build per user of the plan, none for anyone else.
-    assert fan_out_plan_builds(db_session, plan.id) == 3
+    assert fan_out_plan_builds(db_session, plan.id, batch_size=500) == 3
     for user in members:
         assert [b.trigger for b in queued(db_session, user.id)] == ["plan_change"]
     assert queued(db_session, outsider.id) == []
@@ -141,23 +150,23 @@ def test_the_default_plan_fans_out_to_users_without_a_plan_too(db_session):
     implicit, explicit = make_user(db_session), make_user(db_session, plan=free)
     free.included_sources = 4
     db_session.flush()
-    assert fan_out_plan_builds(db_session, free.id) >= 2
+    assert fan_out_plan_builds(db_session, free.id, batch_size=500) >= 2
     for user in (implicit, explicit):
         assert [b.trigger for b in queued(db_session, user.id)] == ["plan_change"]
 
 
-def test_a_lost_fan_out_is_pushed_again_by_the_sweeper(db_session, queue):
+def test_a_lost_fan_out_is_pushed_again_by_the_sweeper(app, db_session, queue):
     plan = make_plan(db_session, cap=3)
     make_user(db_session, plan=plan)
     plan.included_sources = 2
     db_session.commit()
     queue.empty()  # as if Redis lost the job
-    result = sweep_builds(db_session, requeue_after=0)
+    result = sweep_builds(db_session, build_queue(app), requeue_after=0)
     assert result.fanouts == 1
     assert fanout_job_id(plan.id) in queue.job_ids
-    fan_out_plan_builds(db_session, plan.id)
+    fan_out_plan_builds(db_session, plan.id, batch_size=500)
     queue.empty()
-    assert sweep_builds(db_session, requeue_after=0).fanouts == 0  # caught up
+    assert sweep_builds(db_session, build_queue(app), requeue_after=0).fanouts == 0  # caught up
 
 
 def test_a_savepoint_rollback_keeps_the_outer_transactions_pushes(db_session, queue):
@@ -238,7 +247,7 @@ def test_moving_a_user_from_plus_to_free_forgets_their_chat_at_the_build_it_requ
     first = request_build(committed.session, user.id)
     committed.session.commit()
     with app.app_context():
-        assert execute_build(first.build_id) == "succeeded"
+        assert run_build(first.build_id) == "succeeded"
         assert chat_chunks(user.id, "tram Belém") == [CHAT_HISTORY]
 
     client = app.test_client()
@@ -252,10 +261,10 @@ def test_moving_a_user_from_plus_to_free_forgets_their_chat_at_the_build_it_requ
     (build,) = queued(committed.session, user.id)
     assert build.trigger == "plan_change"  # requested by the edit itself, nothing else
     with app.app_context():
-        assert execute_build(build.id) == "succeeded"
+        assert run_build(build.id) == "succeeded"
         assert chat_chunks(user.id, "tram Belém") == []
         moved = db.session.get(User, user.id)
-        resolution = resolve_build_sources(moved)
+        resolution = resolve_build_sources(moved, plans_of(db.session))
         sentence = state_sentence(resolution.get(CHAT_HISTORY), resolution)
         db.session.rollback()
     assert sentence.startswith("Not remembered on the Free plan")
@@ -284,7 +293,7 @@ def test_a_message_flagged_during_a_running_build_is_excluded_by_the_build_that_
 
     def run_first() -> None:
         with app.app_context():
-            outcome.append(execute_build(first.build_id, embedder=Paused()))
+            outcome.append(run_build(first.build_id, embedder=Paused()))
 
     runner = threading.Thread(target=run_first)
     runner.start()
@@ -303,7 +312,7 @@ def test_a_message_flagged_during_a_running_build_is_excluded_by_the_build_that_
     (follow,) = queued(committed.session, user.id)
     assert follow.trigger == "content_change"
     with app.app_context():
-        assert execute_build(follow.id) == "succeeded"
+        assert run_build(follow.id) == "succeeded"
     committed.session.expire_all()
     row = committed.session.get(MemoryBuild, follow.id)
     assert (row.removed, row.added) == (1, 0)
@@ -327,7 +336,7 @@ def test_a_claim_fails_a_predecessor_whose_worker_died_instead_of_stalling(
         heartbeat_at=func.now(), started_at=func.now() - timedelta(minutes=1)))
     committed.session.commit()
     with app.app_context():
-        assert execute_build(waiting.id) == "succeeded"
+        assert run_build(waiting.id) == "succeeded"
     committed.session.expire_all()
     orphan = committed.session.get(MemoryBuild, orphan.id)
     assert (orphan.status, orphan.error) == ("failed", DEAD_PREDECESSOR)

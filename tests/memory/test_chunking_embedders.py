@@ -46,11 +46,11 @@ def test_a_worker_loads_its_embedder_once_before_it_forks_any_work_horse(app, qu
     """Work horses inherit the loaded embedder: no build loads a model."""
     import gc
 
-    from dashboard.memory import embedders
+    from dashboard import memory
     from jobs.worker import run_worker
 
     loaded = []
-    monkeypatch.setattr(embedders, "preload_embedder", loaded.append)
+    monkeypatch.setattr(memory, "preload_embedder", loaded.append)
     monkeypatch.setattr(gc, "freeze", lambda: loaded.append("gc.freeze"))
     run_worker(app, burst=True, maintenance=False)
     assert loaded == [app.config["EMBEDDER"], "gc.freeze"]

@@ -13,8 +13,9 @@ import psutil
 from sqlalchemy import delete
 
 from dashboard.extensions import db
-from dashboard.memory.maintenance import PERIODIC_TASKS, claim_lease, run_due_tasks
-from dashboard.memory.models import MaintenanceLease
+from dashboard.leases import MaintenanceLease, claim_lease
+from dashboard.queues import build_queue
+from jobs.periodic import PERIODIC_TASKS, run_due_tasks
 from tests.memory.test_worker import start_worker
 
 
@@ -50,8 +51,8 @@ def test_two_workers_maintenance_passes_run_each_task_once(app):
     with app.app_context():
         db.session.execute(delete(MaintenanceLease))
         db.session.commit()
-        first = run_due_tasks(db.session, app.config, holder="worker-a")
-        second = run_due_tasks(db.session, app.config, holder="worker-b")
+        first = run_due_tasks(db.session, app.config, build_queue(app), holder="worker-a")
+        second = run_due_tasks(db.session, app.config, build_queue(app), holder="worker-b")
         db.session.remove()
     names = {task.name for task in PERIODIC_TASKS}
     assert set(first) == names

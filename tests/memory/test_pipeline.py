@@ -1,17 +1,18 @@
-"""run_memory_build (§6): quick/full replace semantics, counted embeds, the swap."""
+"""run_memory_build: quick/full replace semantics, counted embeds, the swap."""
 
 import pytest
 from sqlalchemy import select
 
 from dashboard.blinks.models import Blink
+from dashboard.memories.models import Memory
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import preview_memory_build, run_memory_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.models import SourceAssignment
-from dashboard.xmemo.models import Memory
 from tests.factories import (
     CountingEmbedder,
+    build,
     make_conversation,
     make_plan,
     make_user,
@@ -45,11 +46,6 @@ def stored_keys(session, user_id):
 
 def chunk_ids(session, user_id):
     return set(session.scalars(select(MemoryChunk.id).where(MemoryChunk.user_id == user_id)))
-
-
-def build(session, user, mode, embedder):
-    embedder.reset()
-    return run_memory_build(user, mode, session=session, embedder=embedder)
 
 
 def test_first_quick_build_embeds_everything(db_session, chat_user, embedder):

@@ -27,7 +27,7 @@ from dashboard.memory.pipeline import (
 )
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.sources import BLINKS, CHAT_HISTORY, SOURCE_KEYS
-from tests.factories import make_conversation, user_turns
+from tests.factories import build, make_conversation, user_turns
 
 EMBEDDER = HashingEmbedder()
 
@@ -46,12 +46,6 @@ def world(committed):
     return session, user, plan, conversations
 
 
-def build(session, user):
-    result = run_memory_build(user, "quick", session=session, embedder=EMBEDDER)
-    session.commit()
-    return result
-
-
 def as_counts(preview):
     return {key: (p.to_add, p.to_remove, p.unchanged) for key, p in preview.items()}
 
@@ -68,7 +62,7 @@ def check(session, user):
     dry = dry_run(session, user)
     included = resolve_for_build(session, user).included_keys
     assert dry == as_counts(_preview_everything(session, user.id, included, EMBEDDER.name))
-    result = build(session, user)
+    result = build(session, user, embedder=EMBEDDER, commit=True)
     for key in SOURCE_KEYS:
         done = result.per_source.get(key, {})
         assert (dry[key][0], dry[key][1]) == (done.get("added", 0), done.get("removed", 0)), key
@@ -77,7 +71,7 @@ def check(session, user):
 
 def test_the_dry_run_equals_the_build_after_every_kind_of_change(world):
     session, user, plan, conversations = world
-    build(session, user)
+    build(session, user, embedder=EMBEDDER, commit=True)
     (conv0, messages0), (conv1, messages1), (conv2, _) = conversations
 
     user_turns(messages0)[1].not_remembered = True  # flag a pair
@@ -110,7 +104,7 @@ def test_the_dry_run_equals_the_build_after_every_kind_of_change(world):
 
 def test_only_conversations_the_build_could_not_see_are_read_again(world, monkeypatch):
     session, user, _, conversations = world
-    build(session, user)
+    build(session, user, embedder=EMBEDDER, commit=True)
     (flagged_conversation, messages), *_ = conversations
     user_turns(messages)[0].not_remembered = True
     session.commit()
@@ -131,7 +125,7 @@ def test_only_conversations_the_build_could_not_see_are_read_again(world, monkey
 
 def test_a_change_by_a_transaction_open_across_the_build_is_not_missed(app, world):
     session, user, _, conversations = world
-    build(session, user)
+    build(session, user, embedder=EMBEDDER, commit=True)
     (_, messages), *_ = conversations
     with app.app_context():
         writer, builder = Session(db.engine), Session(db.engine)
@@ -164,14 +158,14 @@ def test_a_change_by_a_transaction_open_across_the_build_is_not_missed(app, worl
 def test_without_a_state_or_with_another_model_everything_is_compared(world):
     session, user, _, _ = world
     assert dry_run(session, user)[CHAT_HISTORY] == (12, 0, 0)
-    build(session, user)
+    build(session, user, embedder=EMBEDDER, commit=True)
     other = preview_memory_build(user, session=session, embedder_name="another-model")
     assert as_counts(other)[CHAT_HISTORY] == (12, 12, 0)
 
 
 def test_chunks_of_a_source_no_longer_in_the_registry_are_removals(world):
     session, user, _, _ = world
-    build(session, user)
+    build(session, user, embedder=EMBEDDER, commit=True)
     from dashboard.memory.models import MemoryChunk
 
     session.execute(update(MemoryChunk).where(MemoryChunk.user_id == user.id,
@@ -179,19 +173,19 @@ def test_chunks_of_a_source_no_longer_in_the_registry_are_removals(world):
                     .values(source_key="retired.source"))
     session.commit()
     assert dry_run(session, user)["retired.source"] == (0, 1, 0)
-    result = build(session, user)
+    result = build(session, user, embedder=EMBEDDER, commit=True)
     assert result.per_source["retired.source"]["removed"] == 1
 
 
 def test_every_build_records_what_its_chunks_reflect(world):
     session, user, plan, _ = world
-    build(session, user)
+    build(session, user, embedder=EMBEDDER, commit=True)
     state = session.get(MemoryState, user.id)
     assert (state.embedding_model, state.build_id) == (EMBEDDER.name, None)
     assert ":" in state.snapshot  # xmin:xmax:xip, as PostgreSQL writes it
     assert set(state.included_keys) == set(resolve_for_build(session, user).included_keys)
     plan.included_sources = 1
     session.commit()
-    build(session, user)
+    build(session, user, embedder=EMBEDDER, commit=True)
     session.expire_all()
     assert session.get(MemoryState, user.id).included_keys == ["orbitpilot.profile"]

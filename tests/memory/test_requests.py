@@ -1,4 +1,4 @@
-"""Build requests (§6): a row first, merged per user, pushed to RQ only after commit."""
+"""Build requests: a row first, merged per user, pushed to RQ only after commit."""
 
 import threading
 from datetime import UTC, datetime, timedelta
@@ -15,7 +15,7 @@ from dashboard.memory.maintenance import (
     sweep_builds,
 )
 from dashboard.memory.models import MemoryBuild
-from dashboard.memory.queue import build_job_id, get_build_queue, get_redis
+from dashboard.memory.queue import build_job_id
 from dashboard.memory.requests import (
     BuildRequestError,
     RateLimited,
@@ -26,6 +26,7 @@ from dashboard.memory.requests import (
 from dashboard.orbitpilot.models import Conversation
 from dashboard.orbitpilot.services import end_conversation
 from dashboard.plans.models import Plan
+from dashboard.queues import build_queue, redis_client
 from tests.factories import default_plan, make_conversation, make_plan, make_user
 
 
@@ -79,12 +80,12 @@ def test_bad_mode_or_trigger_is_refused(db_session):
 
 def test_user_update_is_rate_limited(db_session):
     user = make_user(db_session)
-    request_user_update(db_session, user, min_interval=60)
+    request_user_update(db_session, user, interval=60)
     with pytest.raises(RateLimited) as refused:
-        request_user_update(db_session, user, min_interval=60)
+        request_user_update(db_session, user, interval=60)
     assert 0 < refused.value.retry_after <= 60
     later = datetime.now(UTC) + timedelta(seconds=61)
-    assert request_user_update(db_session, user, min_interval=60, now=later).merged
+    assert request_user_update(db_session, user, interval=60, now=later).merged
 
 
 def test_plan_fan_out_goes_in_batches_and_covers_default_plan_users(db_session, queue):
@@ -141,7 +142,7 @@ def test_schedule_requests_users_whose_inputs_changed(db_session):
                        .values(updated_at=func.now() + timedelta(minutes=5)))
     request_scheduled_builds(db_session, margin_seconds=0)
     assert len(queued(db_session, user.id)) == 1
-    assert request_scheduled_builds(db_session, everyone=True) >= 2
+    assert request_scheduled_builds(db_session, margin_seconds=0, everyone=True) >= 2
 
 
 def test_schedule_compares_with_when_the_build_read_its_inputs_not_its_finish(db_session):
@@ -176,7 +177,7 @@ def test_schedule_sees_a_plan_switch_and_a_cap_change(db_session):
     assert [b.trigger for b in queued(db_session, stayer.id)] == ["schedule"]
 
 
-def test_sweeper_fails_silent_running_builds_and_pushes_lost_queued_ones(db_session, queue):
+def test_sweeper_fails_silent_running_builds_and_pushes_lost_queued_ones(app, db_session, queue):
     stuck_user, waiting_user = make_user(db_session), make_user(db_session)
     stuck = MemoryBuild(user_id=stuck_user.id, mode="quick", trigger="user", status="running")
     db_session.add(stuck)
@@ -190,13 +191,14 @@ def test_sweeper_fails_silent_running_builds_and_pushes_lost_queued_ones(db_sess
     db_session.execute(update(MemoryBuild).where(MemoryBuild.id == waiting.id).values(
         created_at=func.now() - timedelta(minutes=5)))
 
-    result = sweep_builds(db_session, stale_after=60, requeue_after=30)
+    result = sweep_builds(db_session, build_queue(app), stale_after=60, requeue_after=30)
     assert (result.failed, result.requeued) == (1, 1)
     db_session.refresh(stuck)
     assert stuck.status == "failed" and "heartbeat" in stuck.error
-    assert Job.exists(build_job_id(waiting.id), connection=get_redis())
+    assert Job.exists(build_job_id(waiting.id), connection=redis_client())
     # A second pass finds the job alive and pushes nothing.
-    assert sweep_builds(db_session, stale_after=60, requeue_after=30).requeued == 0
+    again = sweep_builds(db_session, build_queue(app), stale_after=60, requeue_after=30)
+    assert again.requeued == 0
 
 
 def test_redis_down_loses_no_request(app, committed):
@@ -213,9 +215,9 @@ def test_redis_down_loses_no_request(app, committed):
         request = request_build(db.session, user.id)
         db.session.commit()  # no exception: the row is the request
         db.session.remove()
-    queue = get_build_queue(app)
+    queue = build_queue(app).rq()
     assert build_job_id(request.build_id) not in queue.job_ids
-    assert sweep_builds(committed.session, requeue_after=0).requeued >= 1
+    assert sweep_builds(committed.session, build_queue(app), requeue_after=0).requeued >= 1
     committed.session.commit()
     assert build_job_id(request.build_id) in queue.job_ids
     queue.empty()
@@ -224,7 +226,7 @@ def test_redis_down_loses_no_request(app, committed):
 def test_fifty_simultaneous_requests_make_one_build(app, committed):
     user_id = committed.user().id
     committed.session.commit()
-    queue = get_build_queue(app)
+    queue = build_queue(app).rq()
     queue.empty()
     barrier = threading.Barrier(50)
     outcomes: list[bool] = []

@@ -1,4 +1,4 @@
-"""search_memory (§6): top-k by cosine distance within one user's chunks."""
+"""search_memory: top-k by cosine distance within one user's chunks."""
 
 import os
 
@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from sqlalchemy import event, insert, select, text
 
+from dashboard.memories.models import Memory
 from dashboard.memory.embedders import HashingEmbedder, minilm_available
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.memory.search import search_memory
-from dashboard.xmemo.models import Memory
 from tests.factories import make_user
 
 LEXICAL = [

@@ -1,4 +1,4 @@
-"""The Memory Status page (§4): every source with §4's sentence, the chunks stored, the
+"""The Memory Status page: every source with the status sentence, the chunks stored, the
 last build, a pending request (read from the rows, not from Redis), the flagged messages,
 the dry run of the next build, "Update my memory now", and no content anywhere."""
 
@@ -12,17 +12,16 @@ from markupsafe import escape
 from sqlalchemy import func, select, update
 
 from dashboard.blinks.services import create_blink
-from dashboard.memory import queue as build_queue
-from dashboard.memory import requests as build_requests
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.sentences import in_sentence, state_sentence
 from dashboard.plans.services import SourceState, resolve_build_sources, resolve_sources
+from dashboard.queues import build_queue
 from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED, SOURCE_KEYS
 from tests.conftest import csrf_from
-from tests.factories import make_conversation, make_plan, make_user, user_turns
+from tests.factories import builds_of, make_conversation, make_plan, make_user, plans_of, user_turns
 
 EMAIL = "status@example.test"
 SU101 = ("Not remembered on the Free plan: your plan includes 3 sources, and your profile, "
@@ -79,20 +78,13 @@ def build_now(db_session, user, *, mode="quick"):
     return record
 
 
-def builds_of(db_session, user_id) -> list[MemoryBuild]:
-    return db_session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id)
-                              .order_by(MemoryBuild.id)).all()
-
-
 @pytest.fixture
-def redis_down(monkeypatch):
+def redis_down(app, monkeypatch):
     """Every way to Redis fails, as in an outage."""
     def refuse(*args, **kwargs):
         raise ConnectionError("redis is down")
 
-    monkeypatch.setattr(build_queue, "get_redis", refuse)
-    monkeypatch.setattr(build_queue, "get_build_queue", refuse)
-    monkeypatch.setattr(build_requests, "get_build_queue", refuse)
+    monkeypatch.setattr(build_queue(app), "_connect", refuse)
 
 
 # -- sentences ----------------------------------------------------------------------------
@@ -149,7 +141,7 @@ def test_a_guest_sees_the_invitation_instead(client):
 def test_every_source_shows_its_state_and_the_one_sentence(client, db_session, auth, setup):
     plan = make_plan(db_session, **setup) if setup else None
     user = signed_in(db_session, auth, plan=plan)
-    resolution = resolve_build_sources(user)
+    resolution = resolve_build_sources(user, plans_of(db_session))
     html = status_page(client)
     rows = re.findall(r'<tr data-source="([^"]+)" data-state', section(html, "sources"))
     assert rows == list(SOURCE_KEYS)  # every source, in rank order
@@ -166,7 +158,7 @@ def test_every_resolution_state_of_a_signed_in_user_is_shown(db_session):
     for setup in ({}, {"cap": 5, "assignments": {SAVED: False}}):
         plan = make_plan(db_session, **setup) if setup else None
         user = make_user(db_session, plan=plan)
-        states |= {s.state for s in resolve_build_sources(user).sources}
+        states |= {s.state for s in resolve_build_sources(user, plans_of(db_session)).sources}
     assert states == set(SourceState) - {SourceState.GUEST}
 
 

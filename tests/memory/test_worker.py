@@ -1,4 +1,4 @@
-"""Builds on real RQ worker processes (§6): committed data, real Redis, real PostgreSQL."""
+"""Builds on real RQ worker processes: committed data, real Redis, real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.maintenance import sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.memory.requests import request_build
-from dashboard.memory.runner import execute_build
 from dashboard.orbitpilot.models import ProfileFact
+from dashboard.queues import build_queue
 from tests.factories import make_conversation
+from tests.workers import run_build
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "CANARY-7f3a-do-not-leak"
@@ -139,7 +140,7 @@ def test_two_workers_never_interleave_builds_of_one_user(app, committed, queue):
     # The stored set is exactly one build's worth: a quick update finds nothing to do.
     check = requested_here(committed, queue, user.id)
     with app.app_context():
-        assert execute_build(check) == "succeeded"
+        assert run_build(check) == "succeeded"
     row = build_row(committed.session, check)
     assert (row.added, row.removed, row.embedded) == (0, 0, 0)
 
@@ -149,14 +150,14 @@ def test_an_exception_mid_build_leaves_previous_chunks_and_a_failed_record(app, 
     user = chat_user(committed, pairs=3)
     first = requested_here(committed, queue, user.id)
     with app.app_context():
-        assert execute_build(first) == "succeeded"
+        assert run_build(first) == "succeeded"
     before = chunk_count(committed.session, user.id)
 
     # The message quotes content, as real exceptions can; the record must not.
     crash = RuntimeError(f"model crashed on question 0 {CANARY}")
     second = requested_here(committed, queue, user.id, mode="full")
     with app.app_context():
-        assert execute_build(second, embedder=failing_embedder("exploding", crash)) == "failed"
+        assert run_build(second, embedder=failing_embedder("exploding", crash)) == "failed"
     row = build_row(committed.session, second)
     assert row.status == "failed" and row.finished_at is not None
     assert row.error == "RuntimeError during the build"  # the kind, never the content
@@ -164,7 +165,7 @@ def test_an_exception_mid_build_leaves_previous_chunks_and_a_failed_record(app, 
     # Nothing is stuck: the next request runs.
     third = requested_here(committed, queue, user.id)
     with app.app_context():
-        assert execute_build(third) == "succeeded"
+        assert run_build(third) == "succeeded"
 
 
 def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, committed,
@@ -183,7 +184,8 @@ def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, c
 
     time.sleep(1.0)  # heartbeats (every 0.2 s) have stopped
     with app.app_context():
-        result = sweep_builds(committed.session, stale_after=0.8, requeue_after=3600)
+        result = sweep_builds(committed.session, build_queue(app), stale_after=0.8,
+                              requeue_after=3600)
         committed.session.commit()
     row = build_row(committed.session, first.build_id)
     assert row.status == "failed" and "heartbeat" in row.error
@@ -234,12 +236,12 @@ def test_a_transient_database_error_queues_the_build_again_for_rq_retry(app, com
     build_id = requested_here(committed, queue, chat_user(committed, pairs=2).id)
     lost = OperationalError("SELECT 1", {}, Exception("server closed the connection"))
     with app.app_context(), pytest.raises(OperationalError):  # RQ sees it and retries
-        execute_build(build_id, embedder=failing_embedder("flaky", lost))
+        run_build(build_id, embedder=failing_embedder("flaky", lost))
     row = build_row(committed.session, build_id)
     assert (row.status, row.attempts) == ("queued", 1)
     assert row.error.startswith("database error")
     with app.app_context():  # the retry
-        assert execute_build(build_id) == "succeeded"
+        assert run_build(build_id) == "succeeded"
     assert build_row(committed.session, build_id).attempts == 2
 
 
@@ -250,7 +252,7 @@ def test_a_job_timeout_fails_the_build_with_the_reason(app, committed, queue):
     build_id = requested_here(committed, queue, user.id)
     timeout = JobTimeoutException("Task exceeded maximum timeout value (900 seconds)")
     with app.app_context():
-        assert execute_build(build_id, embedder=failing_embedder("slow", timeout)) == "failed"
+        assert run_build(build_id, embedder=failing_embedder("slow", timeout)) == "failed"
     row = build_row(committed.session, build_id)
     assert row.status == "failed" and row.error.startswith("timed out")
     assert chunk_count(committed.session, user.id) == 0

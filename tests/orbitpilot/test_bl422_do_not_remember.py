@@ -1,11 +1,11 @@
-"""BL-422: "do not remember" on one message (§5), with real builds and stored chunk keys.
+"""BL-422: "do not remember" on one message, with real builds and stored chunk keys.
 
 Rule 1: OrbitPilot keeps following the conversation (the responder still sees the turn).
 Rule 2: the next build, quick or full, skips the turn and its reply, and removes a chunk an
         earlier build made of them; every other pair keeps its exact source_id.
 Rule 3: nothing is hidden or deleted: the turn stays, labelled "Not remembered".
 Changing your mind takes effect at the next build, never at once, never retroactively.
-Plus the endpoint's shapes and refusals, and the SU-101 Q1 regression guards (§3).
+Plus the endpoint's shapes and refusals, and the SU-101 Q1 regression guards.
 """
 
 from __future__ import annotations
@@ -16,10 +16,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dashboard.audit.models import AuditEvent
-from dashboard.memory.embedders import get_embedder
-from dashboard.memory.models import MemoryBuild, MemoryChunk
-from dashboard.memory.pipeline import run_memory_build
-from dashboard.memory.search import search_memory
+from dashboard.memory import MemoryBuild, MemoryChunk, get_embedder, search_memory
 from dashboard.orbitpilot.models import Message, ProfileFact
 from dashboard.orbitpilot.services import (
     NOT_REMEMBERED_LABEL,
@@ -33,10 +30,12 @@ from dashboard.plans.services import SourceState, get_plan_for_user, resolve_sou
 from dashboard.sources import BLINKS, CHAT_HISTORY, PROFILE, SAVED
 from tests.factories import (
     CountingEmbedder,
+    build,
     default_plan,
     make_conversation,
     make_plan,
     make_user,
+    plans_of,
     user_turns,
 )
 from tests.orbitpilot.conftest import TOGGLE, fresh_message, send, toggle, token
@@ -59,11 +58,6 @@ def chat(db_session, client, auth):
     conversation, messages = make_conversation(db_session, user, PAIRS)
     auth.login(user.email)
     return user, conversation, user_turns(messages)
-
-
-def build(db_session, user, mode, embedder):
-    embedder.reset()
-    return run_memory_build(user, mode, session=db_session, embedder=embedder)
 
 
 def chat_chunks(db_session, user_id) -> dict[tuple, int]:
@@ -385,7 +379,7 @@ def test_guests_see_no_eye_toggle(client):
     assert page.find(data_op_flag=True) is None
 
 
-# -- SU-101 Q1 (§3): regression guards -------------------------------------------------------
+# -- SU-101 Q1: regression guards -------------------------------------------------------
 
 def chat_resolution(db_session, plan):
     user = make_user(db_session, plan=plan)
@@ -421,20 +415,21 @@ class SU101Q1SourceCapFindingTests:
         assert chat.state is SourceState.EVICTED_BY_CAP
         assert chat.cap == 3 and chat.filled_by == (PROFILE, BLINKS, SAVED)
         # The notice says exactly what the status page says, never "remembered".
-        assert get_chat_memory_notice(user) == state_sentence(chat, resolution)
-        assert get_chat_memory_notice(user) != CHAT_REMEMBERED
+        notice = get_chat_memory_notice(user, plans_of(db_session))
+        assert notice == state_sentence(chat, resolution)
+        assert get_chat_memory_notice(user, plans_of(db_session)) != CHAT_REMEMBERED
 
     def test_cap_four_includes_it(self, db_session):
         user, _, chat = chat_resolution(db_session, make_plan(db_session, cap=4))
         assert chat.state is SourceState.INCLUDED
-        assert get_chat_memory_notice(user) == CHAT_REMEMBERED
+        assert get_chat_memory_notice(user, plans_of(db_session)) == CHAT_REMEMBERED
 
     @pytest.mark.parametrize("switched_off", [PROFILE, BLINKS, SAVED])
     def test_switching_one_of_the_three_off_includes_it(self, db_session, switched_off):
         plan = make_plan(db_session, cap=3, assignments={switched_off: False})
         user, _, chat = chat_resolution(db_session, plan)
         assert chat.state is SourceState.INCLUDED
-        assert get_chat_memory_notice(user) == CHAT_REMEMBERED
+        assert get_chat_memory_notice(user, plans_of(db_session)) == CHAT_REMEMBERED
 
     def test_a_build_on_the_untouched_plan_stores_no_chat(self, db_session, embedder):
         user = make_user(db_session, plan=make_plan(db_session, cap=3))

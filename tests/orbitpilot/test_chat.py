@@ -1,4 +1,4 @@
-"""Chat with OrbitPilot (§4, §5): the pages, sending, ending, guests, the responder, the
+"""Chat with OrbitPilot: the pages, sending, ending, guests, the responder, the
 memory notice and its query budget, the honesty note, Catch, escaping and the CSP rules."""
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from sqlalchemy import func, select
 
 from dashboard.blinks.models import Blink
 from dashboard.extensions import db
-from dashboard.memory.embedders import get_embedder
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory import get_embedder
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot import services
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
@@ -36,17 +35,21 @@ from dashboard.plans.services import (
     get_user_plan,
     resolve_sources,
 )
+from dashboard.plans.web import request_plans
 from dashboard.sources import CHAT_HISTORY, PROFILE
-from tests.factories import make_conversation, make_plan, make_user, user_turns
+from tests.factories import (
+    builds_of,
+    make_conversation,
+    make_plan,
+    make_user,
+    plans_of,
+    user_turns,
+)
 from tests.orbitpilot.conftest import CATCH, CHAT_PAGE, SEND, send, toggle, token
 from tests.orbitpilot.dom import parse
 
 DOCK_PAGE = "/no/such/page"  # any page but the chat has the dock; a 404 resolves nothing else
 SCRIPT = "<script>alert(1)</script>"
-
-
-def builds_of(db_session, user_id):
-    return db_session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id)).all()
 
 
 def row_counts(session) -> dict[str, int]:
@@ -121,7 +124,7 @@ def test_send_json_stores_both_turns_and_answers_with_ids(client, signed_in, db_
     conversation = db_session.get(Conversation, body["conversation_id"])
     assert conversation.user_id == signed_in.id
     assert conversation.title == "Plan a weekend in Porto" == body["conversation_title"]
-    # A new turn alone requests no build (§5: the end or idleness of a conversation does).
+    # A new turn alone requests no build (the end or idleness of a conversation does).
     assert builds_of(db_session, signed_in.id) == []
 
 
@@ -378,7 +381,7 @@ def test_guests_get_no_dock(client):
     assert page.find(data_op_dock=True) is None
 
 
-# -- the memory notice and the honesty note (§4) ---------------------------------------------
+# -- the memory notice and the honesty note ---------------------------------------------
 
 def chat_state_case(db_session, monkeypatch, state: SourceState):
     """A user whose chat history resolves to ``state``."""
@@ -407,7 +410,7 @@ def test_one_truth_the_notice_the_honesty_note_and_memory_status_in_every_state(
     assert source.state is state
     expected = CHAT_REMEMBERED if state is SourceState.INCLUDED \
         else state_sentence(source, resolution)
-    assert services.get_chat_memory_notice(user) == expected
+    assert services.get_chat_memory_notice(user, plans_of(db_session)) == expected
 
     auth.login(user.email)
     body = send(client, "Is this remembered?").get_json()
@@ -453,8 +456,8 @@ def test_the_note_follows_the_plan_at_request_time(client, auth, db_session):
     assert notice_text(page) == CHAT_REMEMBERED
 
 
-def test_the_notice_for_a_guest_is_the_invitation():
-    assert services.get_chat_memory_notice(None) == GUEST_INVITATION
+def test_the_notice_for_a_guest_is_the_invitation(db_session):
+    assert services.get_chat_memory_notice(None, plans_of(db_session)) == GUEST_INVITATION
 
 
 def test_the_notice_reads_the_plan_once_per_request(app, db_session, count_queries):
@@ -462,9 +465,9 @@ def test_the_notice_reads_the_plan_once_per_request(app, db_session, count_queri
     with app.test_request_context("/"):
         login_user(user)
         with count_queries() as first:
-            notice = services.get_chat_memory_notice(user)
+            notice = services.get_chat_memory_notice(user, request_plans())
         with count_queries() as second:
-            assert services.get_chat_memory_notice(user) == notice
+            assert services.get_chat_memory_notice(user, request_plans()) == notice
     assert first.count == 1 and second.count == 0
 
 
@@ -472,7 +475,7 @@ def _dock_queries(app, user, count_queries, *, plan_loaded: bool):
     with app.test_request_context("/"):
         login_user(user)
         if plan_loaded:
-            get_user_plan(user)
+            get_user_plan(user, request_plans())
         with count_queries() as q:
             html = render_template("orbitpilot/_dock.html")
     assert "data-op-dock" in html

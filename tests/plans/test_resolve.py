@@ -1,4 +1,4 @@
-"""resolve_build_sources: every state and edge of §3."""
+"""resolve_build_sources: every state and edge of the rule."""
 
 import pytest
 
@@ -11,7 +11,7 @@ from dashboard.plans.services import (
     resolve_sources,
 )
 from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, SOURCES
-from tests.factories import default_plan, make_plan, make_user
+from tests.factories import default_plan, make_plan, make_user, plans_of
 
 PROFILE, BLINKS, SAVED, CHAT, DOCS = SOURCE_KEYS
 
@@ -31,7 +31,7 @@ def test_registry_order_is_the_rank():
 
 def test_untouched_plan_evicts_chat_history_su101_q1(db_session):
     user = make_user(db_session)  # no plan: the default (free) plan nobody edited
-    resolution = resolve_build_sources(user)
+    resolution = resolve_build_sources(user, plans_of(db_session))
     assert states(resolution) == {
         PROFILE: SourceState.INCLUDED,
         BLINKS: SourceState.INCLUDED,
@@ -52,7 +52,7 @@ def test_untouched_plan_evicts_chat_history_su101_q1(db_session):
 
 def test_cap_four_includes_chat_history(db_session):
     user = make_user(db_session, plan=make_plan(db_session, cap=4))
-    resolution = resolve_build_sources(user)
+    resolution = resolve_build_sources(user, plans_of(db_session))
     assert resolution.get(CHAT).state is SourceState.INCLUDED
     assert resolution.included_keys == (PROFILE, BLINKS, SAVED, CHAT)
     assert resolution.get(DOCS).state is SourceState.NOT_ASSIGNED_BY_DEFAULT
@@ -60,7 +60,7 @@ def test_cap_four_includes_chat_history(db_session):
 
 def test_blinks_switched_off_includes_chat_history(db_session):
     plan = make_plan(db_session, cap=3, assignments={BLINKS: False})
-    resolution = resolve_build_sources(make_user(db_session, plan=plan))
+    resolution = resolve_build_sources(make_user(db_session, plan=plan), plans_of(db_session))
     assert resolution.get(BLINKS).state is SourceState.NOT_ASSIGNED_BY_ADMIN
     assert resolution.get(BLINKS).decided_by == "plan_row"
     assert resolution.get(CHAT).state is SourceState.INCLUDED
@@ -68,7 +68,8 @@ def test_blinks_switched_off_includes_chat_history(db_session):
 
 
 def test_cap_zero_evicts_every_assigned_source(db_session):
-    resolution = resolve_build_sources(make_user(db_session, plan=make_plan(db_session, cap=0)))
+    user = make_user(db_session, plan=make_plan(db_session, cap=0))
+    resolution = resolve_build_sources(user, plans_of(db_session))
     assert states(resolution) == {
         PROFILE: SourceState.EVICTED_BY_CAP,
         BLINKS: SourceState.EVICTED_BY_CAP,
@@ -84,14 +85,14 @@ def test_cap_zero_evicts_every_assigned_source(db_session):
 
 def test_cap_above_registry_size_includes_every_assigned_source(db_session):
     plan = make_plan(db_session, cap=99, assignments={DOCS: True})
-    resolution = resolve_build_sources(make_user(db_session, plan=plan))
+    resolution = resolve_build_sources(make_user(db_session, plan=plan), plans_of(db_session))
     assert resolution.included_keys == SOURCE_KEYS
     assert all(s.cap == 99 for s in resolution.sources)
 
 
 def test_admin_row_off_for_default_visible_source(db_session):
     plan = make_plan(db_session, cap=5, assignments={SAVED: False})
-    resolution = resolve_build_sources(make_user(db_session, plan=plan))
+    resolution = resolve_build_sources(make_user(db_session, plan=plan), plans_of(db_session))
     saved = resolution.get(SAVED)
     assert saved.state is SourceState.NOT_ASSIGNED_BY_ADMIN
     assert saved.decided_by == "plan_row"
@@ -101,7 +102,7 @@ def test_admin_row_off_for_default_visible_source(db_session):
 
 def test_admin_row_on_for_hidden_by_default_source(db_session):
     plan = make_plan(db_session, cap=5, assignments={DOCS: True})
-    resolution = resolve_build_sources(make_user(db_session, plan=plan))
+    resolution = resolve_build_sources(make_user(db_session, plan=plan), plans_of(db_session))
     docs = resolution.get(DOCS)
     assert docs.state is SourceState.INCLUDED
     assert docs.decided_by == "plan_row"
@@ -110,7 +111,7 @@ def test_admin_row_on_for_hidden_by_default_source(db_session):
 def test_row_on_for_hidden_source_competes_for_the_cap_by_rank(db_session):
     # Documents rank last: switched on under cap 3 it is evicted, not included.
     plan = make_plan(db_session, cap=3, assignments={DOCS: True})
-    resolution = resolve_build_sources(make_user(db_session, plan=plan))
+    resolution = resolve_build_sources(make_user(db_session, plan=plan), plans_of(db_session))
     docs = resolution.get(DOCS)
     assert docs.state is SourceState.EVICTED_BY_CAP
     assert docs.filled_by == (PROFILE, BLINKS, SAVED)
@@ -118,7 +119,7 @@ def test_row_on_for_hidden_source_competes_for_the_cap_by_rank(db_session):
 
 def test_explicit_row_on_same_as_default_is_decided_by_plan_row(db_session):
     plan = make_plan(db_session, cap=3, assignments={CHAT: True})
-    chat = resolve_build_sources(make_user(db_session, plan=plan)).get(CHAT)
+    chat = resolve_build_sources(make_user(db_session, plan=plan), plans_of(db_session)).get(CHAT)
     # An "on" row does not lift the cap: rank still decides.
     assert chat.state is SourceState.EVICTED_BY_CAP
     assert chat.decided_by == "plan_row"
@@ -130,21 +131,21 @@ def test_user_with_no_plan_is_on_the_default_plan(db_session):
     db_session.flush()
     user = make_user(db_session, plan=None)
     assert user.plan_id is None
-    limits = get_effective_limits(user)
+    limits = get_effective_limits(user, plans_of(db_session))
     assert (limits.plan_id, limits.plan_name, limits.included_sources) == (free.id, "Free", 4)
-    assert resolve_build_sources(user).get(CHAT).state is SourceState.INCLUDED
+    assert resolve_build_sources(user, plans_of(db_session)).get(CHAT).state is SourceState.INCLUDED
 
 
-def test_guest_remembers_nothing(app):
+def test_guest_remembers_nothing(app, db_session):
     from flask_login import AnonymousUserMixin
 
     with app.test_request_context("/"):
-        resolution = resolve_build_sources(AnonymousUserMixin())
+        resolution = resolve_build_sources(AnonymousUserMixin(), plans_of(db_session))
     assert resolution.guest
     assert {s.state for s in resolution.sources} == {SourceState.GUEST}
     assert resolution.included_keys == ()
     assert state_sentence(resolution.get(CHAT), resolution) == GUEST_INVITATION
-    assert get_effective_limits(AnonymousUserMixin()) is None
+    assert get_effective_limits(AnonymousUserMixin(), plans_of(db_session)) is None
 
 
 def test_resolution_snapshot_has_states_not_content():
@@ -159,5 +160,5 @@ def test_resolution_snapshot_has_states_not_content():
 @pytest.mark.parametrize("cap, chat_state", [(3, "evicted_by_cap"), (4, "included")])
 def test_pure_rule_matches_database_backed(db_session, cap, chat_state):
     user = make_user(db_session, plan=make_plan(db_session, cap=cap))
-    assert resolve_build_sources(user).get(CHAT).state.value == chat_state
+    assert resolve_build_sources(user, plans_of(db_session)).get(CHAT).state.value == chat_state
     assert resolve_sources(UserPlan(None, "x", "x", cap, False)).get(CHAT).state.value == chat_state

@@ -1,4 +1,4 @@
-"""The support explorer (§9): read-only traces and the plan report, for support and admin.
+"""The support explorer: read-only traces and the plan report, for support and admin.
 
 Pages are checked through the client (roles, statuses, what is shown and never shown);
 the SQL budget through ``count_queries``: the same count however many builds or plans."""
@@ -15,13 +15,13 @@ from sqlalchemy import func, or_, select
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
-from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryBuild, MemoryChunk
+from dashboard.memories.models import Memory
+from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryChunk
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.services import UserPlan, resolve_sources
 from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED
 from dashboard.support.services import plan_report, user_trace
-from dashboard.xmemo.models import Memory
-from tests.factories import default_plan, make_conversation, make_plan, make_user
+from tests.factories import default_plan, make_build_record, make_conversation, make_plan, make_user
 
 SUPPORT = "help@example.test"
 ADMIN = "root@example.test"
@@ -67,14 +67,6 @@ def chunk(user, key: str, source_id: str, index: int = 0, content: str = "x") ->
     return MemoryChunk(user_id=user.id, source_key=key, source_id=source_id, chunk_index=index,
                        content_hash=uuid.uuid4().hex, content=content,
                        embedding=[0.01] * EMBEDDING_DIMENSIONS, embedding_model="test")
-
-
-def build(user, status: str = "succeeded", **fields) -> MemoryBuild:
-    now = datetime.now(UTC)
-    defaults = {"mode": "quick", "trigger": "schedule",
-                "started_at": now - timedelta(seconds=2) if status != "queued" else None,
-                "finished_at": now if status in ("succeeded", "failed") else None}
-    return MemoryBuild(user_id=user.id, status=status, **{**defaults, **fields})
 
 
 def active_users_on_default(db_session) -> int:
@@ -173,7 +165,7 @@ def test_su101_default_plan_evicts_chat_history(client, auth, db_session, target
     assert ">evicted_by_cap<" in row
     assert "cap 3 filled by" in row
     assert all(label in row for label in ("Your profile", "Your Blinks", "Saved memories"))
-    # §4's sentence, word for word.
+    # the status sentence, word for word.
     assert ("Not remembered on the Free plan: your plan includes 3 sources, and your profile, "
             "your Blinks and saved memories come first.") in row
     assert ">not_assigned_by_default<" in source_row(page, DOCUMENTS)
@@ -249,9 +241,9 @@ def test_state_at_last_build_from_its_snapshot(client, auth, db_session, target)
     free = UserPlan.from_plan(default_plan(db_session))
     # The last build ran when the plan's cap was 4: chat history was included then.
     then = resolve_sources(UserPlan(free.id, free.name, free.slug, 4, True)).to_dict()
-    old = build(target, resolution=resolve_sources(free).to_dict(),
+    old = make_build_record(target, resolution=resolve_sources(free).to_dict(),
                 finished_at=datetime.now(UTC) - timedelta(days=2))
-    last = build(target, resolution=then)
+    last = make_build_record(target, resolution=then)
     db_session.add_all([old, last])
     db_session.flush()
 
@@ -278,8 +270,9 @@ def test_no_build_yet(client, auth, target):
 
 
 def test_a_damaged_snapshot_is_shown_as_not_recorded(client, auth, db_session, target):
-    db_session.add(build(target, resolution={"sources": [{"key": PROFILE, "state": "included"},
-                                                         "junk", {"key": 3}]}))
+    db_session.add(make_build_record(
+        target, resolution={"sources": [{"key": PROFILE, "state": "included"}, "junk",
+                                        {"key": 3}]}))
     db_session.flush()
     auth.login(SUPPORT)
     response = client.get(f"/support/users/{target.id}")
@@ -311,8 +304,8 @@ def test_chunk_counts_per_source(client, auth, db_session, target):
 
 
 def test_pending_and_running_builds_are_shown(client, auth, db_session, target):
-    running = build(target, "running", mode="quick", trigger="conversation_end")
-    pending = build(target, "queued", mode="full", trigger="admin")
+    running = make_build_record(target, "running", mode="quick", trigger="conversation_end")
+    pending = make_build_record(target, "queued", mode="full", trigger="admin")
     db_session.add_all([running, pending])
     db_session.flush()
     auth.login(SUPPORT)
@@ -327,7 +320,7 @@ def test_pending_and_running_builds_are_shown(client, auth, db_session, target):
 
 def test_build_history_is_the_latest_20(client, auth, db_session, target):
     base = datetime.now(UTC) - timedelta(days=1)
-    builds = [build(target, "failed" if i % 5 == 0 else "succeeded", created_at=base +
+    builds = [make_build_record(target, "failed" if i % 5 == 0 else "succeeded", created_at=base +
                     timedelta(minutes=i), added=i, error="TimeoutError" if i % 5 == 0 else None)
               for i in range(25)]
     db_session.add_all(builds)
@@ -350,10 +343,11 @@ def test_trace_costs_the_same_for_1_build_or_30_and_3_plans_or_30(client, auth, 
                                                                    count_queries, staff):
     few, many = make_user(db_session), make_user(db_session)
     make_plan(db_session), make_plan(db_session)  # with the default plan: 3 plans
-    db_session.add(build(few))
-    db_session.add_all([build(many, "failed" if i % 3 else "succeeded",
-                              resolution=resolve_sources(None).to_dict())
-                        for i in range(29)] + [build(many, "queued"), build(many, "running")])
+    db_session.add(make_build_record(few))
+    db_session.add_all([make_build_record(many, "failed" if i % 3 else "succeeded",
+                                          resolution=resolve_sources(None).to_dict())
+                        for i in range(29)]
+                       + [make_build_record(many, "queued"), make_build_record(many, "running")])
     db_session.add_all([chunk(many, key, str(i)) for i, key in enumerate((PROFILE, BLINKS))])
     db_session.flush()
     auth.login(SUPPORT)
@@ -420,8 +414,8 @@ def test_no_page_shows_content(client, auth, db_session, staff, email):
         Document(user_id=user.id, title=f"{canary} doc title", filename=f"{canary}.txt",
                  content=f"{canary} document"),
         chunk(user, PROFILE, "profile", content=f"{canary} chunk"),
-        build(user, "failed", error="ValueError"),
-        build(user, resolution=resolve_sources(None).to_dict()),
+        make_build_record(user, "failed", error="ValueError"),
+        make_build_record(user, resolution=resolve_sources(None).to_dict()),
     ])
     db_session.flush()
     auth.login(email)

@@ -51,7 +51,7 @@
     if (box) { box.textContent = text; box.classList.remove("d-none"); }
   }
 
-  /* -- the eye toggle (§5) ------------------------------------------------------------ */
+  /* -- the eye toggle ------------------------------------------------------------ */
   function showRemembered(message, notRemembered, label) {
     var button = message.querySelector("[data-op-action=remember] button");
     var icon = button && button.querySelector("i");

@@ -1,0 +1,585 @@
+"""The memory API: ``/v1/memories`` for clients holding an ``X-API-Key``.
+
+A call passes, in this order: the input guard (NUL, not UTF-8: 400) and the rate limit
+(429: per live key, else per client address), both app-wide hooks; then
+``_authenticate`` below — a key in the URL (400, never used), no live key (401), the
+route's scope (403), the body's media type (415) and JSON (400); then spectree's
+validation of the query and body (422); then the view, whose service checks the mode's
+scope where the body names it (403), the target among the key owner's memories (404, the
+same answer for someone else's and for none) and its state (409; 410 once hard-deleted).
+Ids in the path are plain strings the services parse, so a malformed id without a key is
+a 401 like any other call, and with one a 404 like an unknown id. Every refusal is
+``application/problem+json``.
+
+The OpenAPI document (``/v1/openapi.json``) is spectree's, written from these route
+declarations and the models in ``schemas.py``. Responses are checked against their models
+under tests only: in production, a response that drifted from the document is still the
+answer, never spectree's 500.
+
+Views parse, call a service, commit, answer; a refusal rolls the transaction back (the
+services write in one transaction, so nothing is half done). The key's secret is read
+from its header only and never logged; a URL that carried one is cut back to its path
+before the access log sees it."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, jsonify, request, url_for
+from flask_limiter.errors import RateLimitExceeded
+from flask_limiter.util import get_remote_address
+from spectree import Response, SpecTree
+from spectree.models import InType, SecureType, SecurityScheme, SecuritySchemeData
+from spectree.utils import get_model_key
+from werkzeug.exceptions import BadRequest
+
+from dashboard.audit.services import Actor
+from dashboard.extensions import csrf, db
+from dashboard.memories import services
+from dashboard.memories.keys import authenticate_key
+from dashboard.memories.models import ApiKey
+from dashboard.memories.schemas import (
+    DeleteOut,
+    DeleteQuery,
+    ExportOut,
+    ForgetOut,
+    ListQuery,
+    MemoryCreate,
+    MemoryForgetRequest,
+    MemoryOut,
+    MemoryPage,
+    MemoryPatch,
+    MemoryRestoreRequest,
+    OpenApiDocument,
+    ProblemDetails,
+    ReceiptList,
+    ReceiptOut,
+    RestoreOut,
+    SaveOut,
+    SearchOut,
+    SearchRequest,
+)
+from dashboard.memory import BuildRequest, get_embedder
+from dashboard.refusals import Busy, Refusal
+from dashboard.security import get_limiter
+
+log = logging.getLogger(__name__)
+
+HEADER = "X-API-Key"
+PROBLEM = "application/problem+json"
+READ, WRITE = "memory:read", "memory:write"
+RESTORE = services.SCOPE_FOR_MODE["restore"]
+# Query parameters a client might put a key in (compared lower-cased, "-" as "_").
+KEY_PARAMETERS = frozenset({"api_key", "apikey", "key", "x_api_key", "token", "access_token"})
+_ENVIRON_KEY = "orbitpilot.api_key"
+
+UNAUTHORIZED = (f"Send a live API key in the {HEADER} header (create one on "
+                "/settings/keys).")
+KEY_IN_URL = f"API keys go in the {HEADER} header, never in the URL."
+
+bp = Blueprint("api", __name__, url_prefix="/v1")
+
+
+# -- problems ------------------------------------------------------------------------------
+
+class Problem(Exception):
+    """A refusal, answered as application/problem+json."""
+
+    def __init__(self, status: int, title: str, detail: str, *,
+                 errors: list[dict[str, str]] | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.title, self.detail = status, title, detail
+        self.errors, self.headers = errors, headers or {}
+
+
+def _answer(problem: Problem):
+    body: dict[str, Any] = {"type": "about:blank", "title": problem.title,
+                            "status": problem.status, "detail": problem.detail}
+    if problem.errors is not None:
+        body["errors"] = problem.errors
+    response = jsonify(body)
+    response.status_code = problem.status
+    response.mimetype = PROBLEM
+    response.headers.update(problem.headers)
+    return response
+
+
+def _rollback() -> None:
+    try:
+        db.session.rollback()
+    except Exception as exc:  # the connection may be what failed
+        log.warning("rollback after an API refusal failed: %s", type(exc).__name__)
+
+
+@bp.errorhandler(Problem)
+def _refused(problem: Problem):
+    _rollback()
+    return _answer(problem)
+
+
+# A service refusal's kind → the status and title the API answers with.
+REFUSALS = {
+    "invalid": (422, "Invalid input"),
+    "forbidden": (403, "Missing scope"),
+    "not_found": (404, "Not found"),
+    "gone": (410, "Gone"),
+    "conflict": (409, "Conflict"),
+    "busy": (503, "Busy"),
+}
+
+
+@bp.errorhandler(Refusal)
+def _service_refused(exc: Refusal):
+    status, title = REFUSALS.get(exc.kind, (400, "Bad request"))
+    errors = [{"field": exc.field or "body", "detail": exc.sentence}] if status == 422 \
+        else None
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Busy) else None
+    return _refused(Problem(status, title, exc.sentence, errors=errors, headers=headers))
+
+
+@bp.errorhandler(RateLimitExceeded)
+def _too_many(exc: RateLimitExceeded):
+    current = get_limiter().current_limit
+    wait = max(1, int(current.reset_at - time.time())) if current else 60
+    return _answer(Problem(
+        429, "Too Many Requests",
+        f"More calls than this API key (or, without one, this address) may make; try "
+        f"again in {wait} s.",
+        headers={"Retry-After": str(wait)}))
+
+
+def _invalid(_request: Any, _response: Any, error: Any, _instance: Any, _adapter: Any) -> None:
+    """spectree's hook before a view: its validation errors become our 422."""
+    if error is None:
+        return
+    first: dict[str, str] = {}
+    for item in error.errors(include_url=False, include_input=False, include_context=False):
+        # The models are flat: the field is the first step of the location; the rest
+        # names a branch of an optional field's type, one error each — the first says it.
+        field = str(item["loc"][0]) if item["loc"] else "body"
+        first.setdefault(field, item["msg"].removeprefix("Value error, "))
+    errors = [{"field": field, "detail": detail} for field, detail in first.items()]
+    raise Problem(422, "Invalid input",
+                  "; ".join(f"{e['field']}: {e['detail']}" for e in errors), errors=errors)
+
+
+def _drifted(_request: Any, _response: Any, error: Any, _instance: Any, _adapter: Any) -> None:
+    # Tests only (Responses.find_model). The endpoint, not the errors: they quote content.
+    if error is not None:
+        log.error("the response of %s does not match its documented model", request.endpoint)
+
+
+# -- the document --------------------------------------------------------------------------
+
+# Every call can meet: a key in the URL or unreadable input (400), no live key (401), the
+# route's scope (403), the rate limit (429), the database or queue down (503).
+ALWAYS = (400, 401, 403, 429, 503)
+TARGET = (404, 410)
+BODY = (413, 415, 422)
+PROBLEM_DESCRIPTIONS = {
+    400: "A key in the URL, malformed JSON, or input that cannot be stored (NUL, not UTF-8).",
+    401: f"No live API key in {HEADER}: missing, malformed, unknown, revoked or expired.",
+    403: "The key lacks the scope this call, or this mode, needs.",
+    404: "Nothing with this id among the key owner's (the same answer for someone else's).",
+    409: "The memory's state does not allow this (e.g. restoring a redacted memory).",
+    410: "The memory was permanently deleted; only its erasure receipts remain.",
+    413: "The body is larger than the server accepts.",
+    415: "The body is not application/json.",
+    422: "A value is not valid; errors names each field.",
+    429: "Too many calls for this key; see Retry-After.",
+    503: "The database or queue cannot be reached, or (a forget or an edit) a memory build "
+         "of the owner held on longer than the call may wait; nothing was changed.",
+}
+_RESPONSE_HEADERS = {
+    201: {"Location": "The new memory's URL."},
+    401: {"WWW-Authenticate": f"ApiKey (send the key in the {HEADER} header)."},
+    429: {"Retry-After": "Seconds until this key may call again."},
+}
+
+
+class Responses(Response):
+    """The statuses a route answers with: the success model, then ProblemDetails for each
+    refusal, documented as application/problem+json."""
+
+    def __init__(self, status: int, model: Any, *problems: int,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(**{f"HTTP_{status}": model},
+                         **{f"HTTP_{code}": (ProblemDetails, PROBLEM_DESCRIPTIONS[code])
+                            for code in sorted(set(problems))})
+        self.headers = {**_RESPONSE_HEADERS, status: {**_RESPONSE_HEADERS.get(status, {}),
+                                                      **(headers or {})}}
+
+    def add_model(self, code: int, model: Any, replace: bool = True,
+                  description: str | None = None) -> None:
+        # spectree adds a 422 to every route (replace=False); ours list what they answer.
+        if replace:
+            super().add_model(code, model, replace, description)
+
+    def find_model(self, code: int) -> Any:
+        return super().find_model(code) if current_app.testing else None
+
+    def generate_spec(self, naming_strategy: Callable = get_model_key) -> dict[str, Any]:
+        spec = super().generate_spec(naming_strategy)
+        for code, entry in spec.items():
+            if int(code) >= 400 and "content" in entry:
+                entry["content"] = {PROBLEM: entry["content"].pop("application/json")}
+            if int(code) in self.headers:
+                entry["headers"] = {name: {"description": text, "schema": {"type": "string"}}
+                                    for name, text in self.headers[int(code)].items()}
+        return spec
+
+
+spec = SpecTree(
+    "flask",
+    title="OrbitPilot memory API",
+    version="1",
+    description=("Save, recall, change and forget memories. Authenticate with the "
+                 f"{HEADER} header (keys: /settings/keys). Errors are "
+                 "application/problem+json."),
+    mode="strict",  # only the routes declared here, not the rest of the app
+    annotations=False,
+    page_templates={},  # no Swagger/Redoc pages: they load scripts from a CDN
+    security_schemes=[SecurityScheme(name="ApiKey", data=SecuritySchemeData(
+        type=SecureType.API_KEY, name=HEADER, field_in=InType.HEADER,
+        description="An API key from /settings/keys."))],
+    security={"ApiKey": []},
+    naming_strategy=lambda model: model.__name__,
+    nested_naming_strategy=lambda _parent, child: child,
+    validation_error_model=ProblemDetails,
+    before=_invalid,
+    after=_drifted,
+)
+
+
+def _document() -> dict[str, Any]:
+    document = spec.spec  # generated once per process, from the app's routes
+    # spectree marks every request body required; restore's may be left out.
+    document["paths"]["/v1/memories/{memory_id}/restore"]["post"]["requestBody"][
+        "required"] = False
+    return document
+
+
+# -- keys, scopes and bodies ---------------------------------------------------------------
+
+_SCOPE: dict[str, str | None] = {}  # view → the scope it needs; None: the mode decides
+_BODY: dict[str, bool] = {}  # view → whether its JSON body is required
+
+
+def _route(rule: str, method: str, *, scope: str | None,
+           body: bool | None = None) -> Callable[[Callable], Callable]:
+    def register(view: Callable) -> Callable:
+        _SCOPE[view.__name__] = scope
+        if body is not None:
+            _BODY[view.__name__] = body
+        bp.add_url_rule(rule, view_func=view, methods=[method],
+                        provide_automatic_options=False)
+        return view
+    return register
+
+
+def _refuse_key_in_url() -> None:
+    if not any(name.lower().replace("-", "_") in KEY_PARAMETERS for name in request.args):
+        return
+    # The access log reads the request line from the environ after we answer: cut it
+    # back to the path, so a key sent here is not written down there either.
+    environ = request.environ
+    environ["QUERY_STRING"] = ""
+    for name in ("RAW_URI", "REQUEST_URI"):
+        if isinstance(environ.get(name), str):
+            environ[name] = environ[name].split("?", 1)[0]
+    raise Problem(400, "Bad Request", KEY_IN_URL)
+
+
+def _read_body(view: str) -> None:
+    required = _BODY.get(view)
+    if required is None or (not required and not request.get_data(cache=True)):
+        return
+    if not request.is_json:
+        raise Problem(415, "Unsupported Media Type",
+                      "Send the body as JSON, with Content-Type: application/json.")
+    try:
+        body = request.get_json()
+    except BadRequest:
+        raise Problem(400, "Malformed JSON", "The body is not valid JSON.") from None
+    if not isinstance(body, dict):
+        raise Problem(422, "Invalid input", "The body must be a JSON object.",
+                      errors=[{"field": "body", "detail": "must be a JSON object"}])
+
+
+_NO_KEY = object()  # authenticated once per request: no live key in the header
+
+
+def current_key() -> ApiKey | None:
+    """The live key in this request's X-API-Key header, authenticated once per request
+    (the rate limit, which runs first, counts by it). Its last use is committed at once:
+    a key that only probes (refused ids, missing scopes) must not look unused."""
+    found = request.environ.get(_ENVIRON_KEY)
+    if found is None:
+        now = datetime.now(UTC)
+        found = authenticate_key(db.session, request.headers.get(HEADER), now=now) or _NO_KEY
+        if found is not _NO_KEY and found.last_used_at == now:  # stamped: at most once a
+            db.session.commit()  # minute, so most calls add no commit (and no reload)
+        request.environ[_ENVIRON_KEY] = found
+    return None if found is _NO_KEY else found
+
+
+@bp.before_request
+def _authenticate() -> None:
+    _refuse_key_in_url()
+    view = (request.endpoint or "").rpartition(".")[2]
+    if view not in _SCOPE:
+        return  # the document is public
+    key = current_key()
+    if key is None:
+        raise Problem(401, "Unauthorized", UNAUTHORIZED,
+                      headers={"WWW-Authenticate": "ApiKey"})
+    scope = _SCOPE[view]
+    if scope is not None and scope not in key.scopes:
+        raise Problem(403, "Missing scope", f"This API key lacks the {scope} scope this "
+                                            "call needs.")
+    _read_body(view)
+
+
+@bp.after_request
+def _no_store(response):
+    # Memories, receipts and exports are personal: no browser or proxy keeps a copy.
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def rate_limit_key() -> str:
+    """Calls with a live key are counted per key; every other call (no key, a forged or
+    revoked one) per client address. Never by the key's public prefix alone: anyone
+    could then spend someone else's allowance, or rotate prefixes to escape counting."""
+    key = current_key() if not _is_document() else None
+    if key is not None:
+        return f"key:{key.id}"
+    return "address:" + get_remote_address()
+
+
+def _key() -> ApiKey:
+    key = current_key()
+    assert key is not None  # _authenticate refused the call otherwise
+    return key
+
+
+def _actor(key: ApiKey) -> Actor:
+    return Actor("api_key", str(key.id))
+
+
+def _build(build: BuildRequest | None) -> dict[str, Any] | None:
+    return {"id": build.build_id, "merged": build.merged} if build else None
+
+
+ApiResult = tuple[dict[str, Any], int] | tuple[dict[str, Any], int, dict[str, str]]
+MEMORIES, RECEIPTS, DOCUMENT = ("memories",), ("erasure receipts",), ("document",)
+
+
+# -- routes --------------------------------------------------------------------------------
+
+@spec.validate(resp=Responses(200, OpenApiDocument, 400, 503), security={},
+               operation_id="openapi", tags=DOCUMENT)
+def openapi() -> ApiResult:
+    """This document: OpenAPI 3.1, generated from the routes; no key needed."""
+    return _document(), 200
+
+
+bp.add_url_rule("/openapi.json", view_func=openapi, methods=["GET"],
+                provide_automatic_options=False)
+
+
+@_route("/memories", "POST", scope=WRITE, body=True)
+@spec.validate(json=MemoryCreate, resp=Responses(201, SaveOut, *ALWAYS, *BODY),
+               operation_id="create_memory", tags=MEMORIES)
+def create_memory() -> ApiResult:
+    """Save a memory (needs memory:write).
+
+    Says whether saved memories are remembered on the owner's plan, in the words the
+    Memory Status page uses; a quick memory build is requested either way."""
+    body: MemoryCreate = request.context.json
+    key = _key()
+    saved = services.save_memory(db.session, owner=key.owner, content=body.content,
+                                 metadata=body.metadata, source=body.source,
+                                 actor=_actor(key), api_key_id=key.id)
+    payload = {"memory": services.memory_dict(saved.memory), "remembered": saved.remembered,
+               "memory_notice": saved.sentence, "build": _build(saved.build)}
+    db.session.commit()
+    return payload, 201, {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
+
+
+@_route("/memories", "GET", scope=READ)
+@spec.validate(query=ListQuery, resp=Responses(200, MemoryPage, *ALWAYS, 422),
+               operation_id="list_memories", tags=MEMORIES)
+def list_memories() -> ApiResult:
+    """List the key owner's memories, newest first (needs memory:read).
+
+    Pass next_cursor as cursor for the next page; it is null on the last."""
+    query: ListQuery = request.context.query
+    page = services.list_memories(db.session, _key().owner_id, status=query.status,
+                                  limit=query.limit, cursor=query.cursor or None)
+    payload = {"items": [services.memory_dict(m) for m in page.items],
+               "next_cursor": page.next_cursor}
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/memories/search", "POST", scope=READ, body=True)
+@spec.validate(json=SearchRequest, resp=Responses(200, SearchOut, *ALWAYS, *BODY),
+               operation_id="search_memories", tags=MEMORIES)
+def search_memories() -> ApiResult:
+    """Recall: the k memory chunks nearest the query, over every source the owner's last
+    build stored, each naming where it came from (needs memory:read)."""
+    body: SearchRequest = request.context.json
+    embedder = get_embedder(current_app.config["EMBEDDER"])  # one per process
+    hits = services.recall(db.session, _key().owner_id, body.query, body.k, embedder=embedder)
+    payload = {"results": [dataclasses.asdict(hit) for hit in hits]}
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/memories/export", "GET", scope=READ)
+@spec.validate(resp=Responses(200, ExportOut, *ALWAYS, headers={
+                   "Content-Disposition": "attachment; filename=orbitpilot-memories-….json"}),
+               operation_id="export_memories", tags=MEMORIES)
+def export_memories() -> ApiResult:
+    """Everything remembered about the key's owner, as one JSON file (needs
+    memory:read): saved memories in every status and the chunks of the last builds."""
+    payload = services.export_memories(db.session, _key().owner_id)
+    db.session.commit()
+    name = f"orbitpilot-memories-{datetime.now(UTC):%Y-%m-%d}.json"
+    return payload, 200, {"Content-Disposition": f"attachment; filename={name}"}
+
+
+@_route("/memories/<memory_id>", "GET", scope=READ)
+@spec.validate(resp=Responses(200, MemoryOut, *ALWAYS, *TARGET),
+               operation_id="get_memory", tags=MEMORIES)
+def get_memory(memory_id: str) -> ApiResult:
+    """Read one memory (needs memory:read); 410 once it was hard-deleted."""
+    memory = services.find_memory(db.session, _key().owner_id, memory_id)
+    payload = services.memory_dict(memory)
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/memories/<memory_id>", "PATCH", scope=WRITE, body=True)
+@spec.validate(json=MemoryPatch, resp=Responses(200, MemoryOut, *ALWAYS, *TARGET, 409, *BODY),
+               operation_id="update_memory", tags=MEMORIES)
+def update_memory(memory_id: str) -> ApiResult:
+    """Change an active memory's content and/or metadata (needs memory:write): the
+    previous version is kept as a snapshot, the version goes up by one."""
+    body: MemoryPatch = request.context.json
+    # The values first (422), then the target (404/410), then its state (409).
+    if body.content is not None:
+        services.check_content(body.content)
+    if body.metadata is not None:
+        services.check_metadata(body.metadata)
+    key = _key()
+    memory = services.find_memory(db.session, key.owner_id, memory_id)
+    memory, _ = services.update_memory(db.session, memory, content=body.content,
+                                       metadata=body.metadata, actor=_actor(key))
+    payload = services.memory_dict(memory)
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/memories/<memory_id>", "DELETE", scope=None)
+@spec.validate(query=DeleteQuery, resp=Responses(200, DeleteOut, *ALWAYS, *TARGET, 409, 422),
+               operation_id="delete_memory", tags=MEMORIES)
+def delete_memory(memory_id: str) -> ApiResult:
+    """Forget a memory; mode soft_delete (the default, needs memory:delete), redact
+    (memory:redact) or hard_delete (memory:hard_delete). Returns the erasure receipt."""
+    query: DeleteQuery = request.context.query
+    key = _key()
+    receipt = services.forget_memory(db.session, key.owner_id, memory_id, mode=query.mode,
+                                     actor=_actor(key), scopes=key.scopes, reason=query.reason)
+    payload = {"receipt": receipt.to_dict()}
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/memories/<memory_id>/forget", "POST", scope=None, body=True)
+@spec.validate(json=MemoryForgetRequest,
+               resp=Responses(200, ForgetOut, *ALWAYS, *TARGET, 409, *BODY),
+               operation_id="forget_memory", tags=MEMORIES)
+def forget_memory(memory_id: str) -> ApiResult:
+    """Forget a memory, with a reason, a redaction's replacement text or new metadata.
+
+    soft_delete needs memory:delete and can be restored; redact needs memory:redact and
+    purges the content of every earlier version; hard_delete needs memory:hard_delete and
+    leaves only the erasure receipt. It stops being recalled at once."""
+    body: MemoryForgetRequest = request.context.json
+    key = _key()
+    receipt = services.forget_memory(
+        db.session, key.owner_id, memory_id, mode=body.mode, actor=_actor(key),
+        scopes=key.scopes, reason=body.reason, replacement_content=body.replacement_content,
+        metadata=body.metadata)
+    memory = None if body.mode == "hard_delete" else \
+        services.memory_dict(services.find_memory(db.session, key.owner_id, memory_id))
+    payload = {"receipt": receipt.to_dict(), "memory": memory}
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/memories/<memory_id>/restore", "POST", scope=RESTORE, body=False)
+@spec.validate(json=MemoryRestoreRequest,
+               resp=Responses(200, RestoreOut, *ALWAYS, *TARGET, 409, *BODY),
+               operation_id="restore_memory", tags=MEMORIES)
+def restore_memory(memory_id: str) -> ApiResult:
+    """Undo a soft delete (needs memory:delete); the body is optional. A redacted memory
+    cannot be restored (409); a hard-deleted one is gone (410)."""
+    body: MemoryRestoreRequest = request.context.json or MemoryRestoreRequest()
+    key = _key()
+    receipt = services.restore_memory(db.session, key.owner_id, memory_id, actor=_actor(key),
+                                      scopes=key.scopes, reason=body.reason,
+                                      metadata=body.metadata)
+    memory = services.find_memory(db.session, key.owner_id, memory_id)
+    payload = {"memory": services.memory_dict(memory), "receipt": receipt.to_dict(),
+               "build": _build(receipt.build)}
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/memories/<memory_id>/receipts", "GET", scope=READ)
+@spec.validate(resp=Responses(200, ReceiptList, *ALWAYS, 404),
+               operation_id="list_memory_receipts", tags=RECEIPTS)
+def list_memory_receipts(memory_id: str) -> ApiResult:
+    """The erasure receipts of one memory, oldest first (needs memory:read); they remain
+    after a hard delete."""
+    owner_id = _key().owner_id
+    receipts = services.receipts_of_memory(db.session, owner_id, memory_id)
+    if not receipts:
+        services.find_memory(db.session, owner_id, memory_id)  # none at all: 404
+    payload = {"items": [receipt.to_dict() for receipt in receipts]}
+    db.session.commit()
+    return payload, 200
+
+
+@_route("/erasure-receipts/<marker_id>", "GET", scope=READ)
+@spec.validate(resp=Responses(200, ReceiptOut, *ALWAYS, 404),
+               operation_id="get_erasure_receipt", tags=RECEIPTS)
+def get_erasure_receipt(marker_id: str) -> ApiResult:
+    """One erasure receipt, by the marker_id a forget or restore returned (needs
+    memory:read)."""
+    payload = services.find_receipt(db.session, _key().owner_id, marker_id).to_dict()
+    db.session.commit()
+    return payload, 200
+
+
+# -- mounting ------------------------------------------------------------------------------
+
+def _is_document() -> bool:
+    return request.endpoint == "api.openapi"
+
+
+def init_api(app: Flask) -> None:
+    """Mount the API on ``app``, after ``init_security``: its limiter counts the calls."""
+    app.register_blueprint(bp)
+    csrf.exempt(bp)  # no cookies, no forms: a key in a header is the credential
+    get_limiter(app).shared_limit(lambda: app.config["API_RATE_LIMIT"], scope="api",
+                                  key_func=rate_limit_key, exempt_when=_is_document)(bp)

@@ -1,0 +1,239 @@
+"""``/memories``: a signed-in user's saved memories — the list with who saved
+each one, forget (soft delete), redact and restore behind a confirmation page that works
+without JS, and the erasure receipts those leave.
+
+Every rule is the service's (``memories.services``): this module parses the request, calls
+it with ``scopes=None`` (the owner on their own pages may do everything but a hard
+delete, which stays with API keys an administrator granted ``memory:hard_delete``),
+commits and renders. A refusal shows the service's own sentence with its status: 404
+alike for someone else's memory, an unknown one and a malformed id; 410 for one this
+owner hard-deleted; 409 when its state no longer allows the action.
+
+Memory ids are UUIDs in the path (``/memories/<id>/forget``). The forms post to that same
+address; ``/memories/forget`` and ``/memories/restore`` (id in the form field
+``memory_id``) are the same views under an address with no argument, as
+``orbitpilot.end`` has, so every endpoint can be built without one."""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn
+
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask_login import current_user, login_required
+from flask_wtf import FlaskForm
+from wtforms import HiddenField, TextAreaField
+
+from dashboard.audit.services import Actor
+from dashboard.errors import refusal_status
+from dashboard.extensions import db
+from dashboard.memories import services
+from dashboard.memories.models import MEMORY_STATUSES, Memory
+from dashboard.memories.services import (
+    MAX_CONTENT,
+    MAX_REASON,
+    REDACTED,
+    InvalidMemoryInput,
+    MemoryBusy,
+    MemoryConflict,
+)
+from dashboard.plans.web import sentence_for
+from dashboard.refusals import Refusal
+from dashboard.sources import SAVED
+
+bp = Blueprint("memories", __name__, url_prefix="/memories")
+
+PAGE_SIZE = 20
+STATUS_FILTERS = ("all", *MEMORY_STATUSES)
+# The modes these pages offer; hard delete is the API's.
+PAGE_MODES = ("soft_delete", "redact")
+SOURCE_LABELS = {"chatgpt": "ChatGPT", "codex": "Codex", "copilot": "Copilot", "api": "API",
+                 "orbitpilot": "OrbitPilot"}
+MODE_LABELS = {"soft_delete": "Forget (soft delete)", "redact": "Redact",
+               "hard_delete": "Permanent deletion", "restore": "Restore"}
+
+BAD_STATUS = "Show all, active, deleted or redacted memories: the status in the address " \
+             "is none of these."
+BAD_CURSOR = "This page's position in the address is not one these pages gave out. " \
+             "Start again from your newest memories."
+BAD_MODE = "A memory can be forgotten (soft_delete) or redacted (redact) here."
+HARD_DELETE = "Permanent deletion is done through the memory API, with a key an " \
+              "administrator granted memory:hard_delete."
+
+
+@bp.app_template_global("memory_source_label")
+def memory_source_label(source: str) -> str:
+    """Who saved a memory, as its badge says it."""
+    return SOURCE_LABELS.get(source, source)
+
+
+class ForgetForm(FlaskForm):
+    # The service validates lengths and text; the form only carries values (and CSRF).
+    mode = HiddenField()
+    reason = TextAreaField("Reason (optional, kept on the receipt)",
+                           render_kw={"rows": 2, "maxlength": MAX_REASON})
+    replacement_content = TextAreaField(
+        "Replacement text (optional)",
+        render_kw={"rows": 3, "maxlength": MAX_CONTENT, "placeholder": REDACTED})
+
+
+class RestoreForm(FlaskForm):
+    reason = TextAreaField("Reason (optional, kept on the receipt)",
+                           render_kw={"rows": 2, "maxlength": MAX_REASON})
+
+
+def _refuse(exc: Refusal) -> NoReturn:
+    abort(refusal_status(exc), exc.sentence)
+
+
+def _find(raw_id: object) -> Memory:
+    """The signed-in user's memory, else the service's 404 (unknown, someone else's,
+    malformed — one answer) or 410 (hard-deleted)."""
+    try:
+        return services.find_memory(db.session, current_user.id, raw_id)
+    except Refusal as exc:
+        _refuse(exc)
+
+
+def _memory_id(memory_id: str | None) -> object:
+    return memory_id if memory_id is not None else request.form.get("memory_id")
+
+
+def _field_error(form: FlaskForm, exc: InvalidMemoryInput) -> bool:
+    """Put a refused value's sentence on its field; ``False`` if the form has none."""
+    field = getattr(form, exc.field, None) if exc.field else None
+    if field is None:
+        return False
+    field.errors = [*field.errors, exc.sentence]
+    return True
+
+
+@bp.route("/")
+@login_required
+def index():
+    """The user's saved memories, newest first, a page at a time (``?cursor=``), with
+    ``?status=`` all, active, deleted or redacted."""
+    status = request.args.get("status") or "all"
+    if status not in STATUS_FILTERS:
+        abort(400, BAD_STATUS)
+    cursor = request.args.get("cursor") or None
+    try:
+        page = services.list_memories(db.session, current_user.id,
+                                      status=None if status == "all" else status,
+                                      limit=PAGE_SIZE, cursor=cursor)
+    except InvalidMemoryInput:
+        abort(400, BAD_CURSOR)
+    source, sentence = sentence_for(current_user, SAVED)
+    return render_template("memories/memories.html", page=page, status=status, cursor=cursor,
+                           statuses=STATUS_FILTERS, source=source, sentence=sentence,
+                           hard_delete=HARD_DELETE)
+
+
+@bp.route("/<memory_id>")
+@login_required
+def detail(memory_id: str):
+    """One memory and the receipts of everything done to it."""
+    memory = _find(memory_id)
+    receipts = services.receipts_of_memory(db.session, current_user.id, memory.id)
+    return render_template("memories/memory_detail.html", memory=memory, receipts=receipts,
+                           modes=MODE_LABELS, hard_delete=HARD_DELETE)
+
+
+def _forget_page(memory: Memory, form: ForgetForm, mode: str, status: int = 200,
+                 error: str | None = None):
+    return render_template("memories/memory_forget.html", memory=memory, form=form, mode=mode,
+                           error=error, redacted=REDACTED), status
+
+
+@bp.route("/<memory_id>/forget", methods=["GET", "POST"])
+@bp.route("/forget", methods=["POST"])
+@login_required
+def forget(memory_id: str | None = None):
+    """GET ``?mode=soft_delete|redact`` says what will happen and asks; POST does it and
+    goes to the receipt."""
+    memory = _find(_memory_id(memory_id))
+    values = request.args if request.method == "GET" else request.form
+    mode = values.get("mode") or "soft_delete"
+    if mode == "hard_delete":
+        abort(403, HARD_DELETE)
+    if mode not in PAGE_MODES:
+        abort(400, BAD_MODE)
+    form = ForgetForm(mode=mode)
+    if request.method == "GET":
+        return _forget_page(memory, form, mode)
+    if not form.validate_on_submit():
+        return _forget_page(memory, form, mode, 400)
+    replacement = form.replacement_content.data if mode == "redact" else None
+    try:
+        receipt = services.forget_memory(
+            db.session, current_user.id, memory.id, mode=mode, actor=Actor.of(current_user),
+            scopes=None, reason=form.reason.data,
+            # An empty box means the default, "[REDACTED]".
+            replacement_content=replacement if replacement and replacement.strip() else None)
+    except InvalidMemoryInput as exc:
+        if _field_error(form, exc):
+            return _forget_page(memory, form, mode, 400)
+        _refuse(exc)
+    except MemoryBusy as exc:
+        db.session.rollback()  # the wait that timed out ended the transaction
+        return _forget_page(memory, form, mode, refusal_status(exc), exc.sentence)
+    except MemoryConflict as exc:
+        return _forget_page(memory, form, mode, refusal_status(exc), exc.sentence)
+    except Refusal as exc:
+        _refuse(exc)
+    db.session.commit()
+    if mode == "redact":
+        flash("Memory redacted: its content was replaced and the content of its earlier "
+              "versions erased. This cannot be undone.", "success")
+    else:
+        flash("Memory forgotten: it is no longer recalled. You can restore it from your "
+              "saved memories.", "success")
+    return redirect(url_for("memories.receipt", marker_id=receipt.marker_id))
+
+
+@bp.route("/<memory_id>/restore", methods=["GET", "POST"])
+@bp.route("/restore", methods=["POST"])
+@login_required
+def restore(memory_id: str | None = None):
+    """GET asks; POST makes a forgotten (soft-deleted) memory active again."""
+    memory = _find(_memory_id(memory_id))
+    form = RestoreForm()
+
+    def page(status: int = 200, error: str | None = None) -> Any:
+        return render_template("memories/memory_restore.html", memory=memory, form=form,
+                               error=error), status
+
+    if request.method == "GET":
+        return page()
+    if not form.validate_on_submit():
+        return page(400)
+    try:
+        services.restore_memory(db.session, current_user.id, memory.id,
+                                actor=Actor.of(current_user), scopes=None,
+                                reason=form.reason.data)
+    except InvalidMemoryInput as exc:
+        if _field_error(form, exc):
+            return page(400)
+        _refuse(exc)
+    except MemoryConflict as exc:
+        return page(refusal_status(exc), exc.sentence)
+    except Refusal as exc:
+        _refuse(exc)
+    memory_id = str(memory.id)  # read before the commit expires the row
+    db.session.commit()
+    flash("Memory restored: it will be recalled again after your next memory update.",
+          "success")
+    return redirect(url_for("memories.detail", memory_id=memory_id))
+
+
+@bp.route("/receipts/<marker_id>")
+@login_required
+def receipt(marker_id: str):
+    """An erasure receipt: ids, states, counts, the audit event and the vacuum — no
+    content. With the other receipts of the same memory."""
+    try:
+        shown = services.find_receipt(db.session, current_user.id, marker_id)
+    except Refusal as exc:
+        _refuse(exc)
+    receipts = services.receipts_of_memory(db.session, current_user.id, shown.memory_id)
+    return render_template("memories/memory_receipt.html", receipt=shown, receipts=receipts,
+                           modes=MODE_LABELS)

@@ -1,0 +1,255 @@
+"""The memory API's request and response models (pydantic v2): spectree validates requests
+with them and writes the OpenAPI document from them (``/v1/openapi.json``).
+
+They check what JSON Schema can say (types, lengths, ranges, modes); the service checks
+the rest (blank content, metadata size, a mode's own fields) and answers 422 alike."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    StringConstraints,
+    model_validator,
+)
+from pydantic.json_schema import SkipJsonSchema
+
+from dashboard.memories.models import MEMORY_SOURCES, MEMORY_STATUSES
+from dashboard.memories.services import (
+    DEFAULT_PAGE_SIZE,
+    FORGET_MODES,
+    MAX_CONTENT,
+    MAX_METADATA_BYTES,
+    MAX_PAGE_SIZE,
+    MAX_REASON,
+    MAX_RECALL_K,
+)
+
+# Literal[tuple] spells Literal["a", "b", …]: the registries stay the one list.
+Source = Literal[MEMORY_SOURCES]  # type: ignore[valid-type]
+Status = Literal[MEMORY_STATUSES]  # type: ignore[valid-type]
+ForgetMode = Literal[FORGET_MODES]  # type: ignore[valid-type]
+ReceiptMode = Literal[(*FORGET_MODES, "restore")]  # type: ignore[valid-type]
+
+# Constraints on the string itself, not on ``str | None``: on the union pydantic would
+# apply a length to a JSON null and fail with a TypeError (a 500) instead of a 422.
+Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONTENT)]
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON)]
+
+METADATA_HELP = (f"A JSON object of your own (at most {MAX_METADATA_BYTES:,} bytes as compact "
+                 "JSON). Never read by OrbitPilot, never recalled.")
+REASON_HELP = f"Why (at most {MAX_REASON} characters); kept on the erasure receipt."
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+def optional(**kwargs: Any) -> Any:
+    """An optional field whose schema shows only the non-null type (a client omits it
+    rather than sending null)."""
+    return Field(None, json_schema_extra=_no_default, **kwargs)
+
+
+class _Body(BaseModel):
+    # A misspelt field is refused, not silently ignored.
+    model_config = ConfigDict(extra="forbid")
+
+
+# -- requests ------------------------------------------------------------------------------
+
+class MemoryCreate(_Body):
+    content: str = Field(min_length=1, max_length=MAX_CONTENT, description=(
+        f"The memory's text: 1 to {MAX_CONTENT:,} characters, not blank."))
+    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(description=METADATA_HELP)
+    source: Source = Field("api", description="The client that saves it.")
+
+
+class MemoryPatch(_Body):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+
+    content: Text | SkipJsonSchema[None] = optional(description="The new text.")
+    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
+        description="Replaces the metadata. " + METADATA_HELP)
+
+    @model_validator(mode="after")
+    def _something(self) -> MemoryPatch:
+        if self.content is None and self.metadata is None:
+            raise ValueError("Give content, metadata or both.")
+        return self
+
+
+class SearchRequest(_Body):
+    query: str = Field(min_length=1, max_length=MAX_CONTENT, description="What to recall.")
+    k: int = Field(5, ge=1, le=MAX_RECALL_K, strict=True,
+                   description=f"How many chunks, 1 to {MAX_RECALL_K}.")
+
+
+class MemoryForgetRequest(_Body):
+    mode: ForgetMode = Field(description="soft_delete (restorable), redact, or hard_delete "
+                                         "(needs memory:hard_delete).")
+    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
+    replacement_content: Text | SkipJsonSchema[None] = optional(
+        description="redact only: the text that stays instead of [REDACTED].")
+    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
+        description="soft_delete and redact: replaces the metadata (redact clears it "
+                    "otherwise). " + METADATA_HELP)
+
+
+class MemoryRestoreRequest(_Body):
+    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
+    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
+        description="Replaces the metadata. " + METADATA_HELP)
+
+
+class ListQuery(BaseModel):
+    limit: int = Field(DEFAULT_PAGE_SIZE, description=(
+        f"Page size; the server clamps it to 1–{MAX_PAGE_SIZE}."))
+    cursor: str = Field("", description="next_cursor of the previous page; empty: the first.")
+    status: Status | SkipJsonSchema[None] = optional(description="Only memories in this "
+                                                                 "status.")
+
+
+class DeleteQuery(BaseModel):
+    mode: ForgetMode = Field("soft_delete", description="How to forget; hard_delete needs "
+                                                        "memory:hard_delete.")
+    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
+
+
+# -- responses -----------------------------------------------------------------------------
+
+class MemoryOut(BaseModel):
+    id: uuid.UUID
+    content: str
+    metadata: dict[str, Any]
+    source: Source
+    status: Status
+    version: int
+    created_at: datetime
+    updated_at: datetime | None
+    deleted_at: datetime | None
+    redacted_at: datetime | None
+
+
+class BuildOut(BaseModel):
+    id: int = Field(description="The memory build that will take the change in.")
+    merged: bool = Field(description="True: joined a build already queued.")
+
+
+class SaveOut(BaseModel):
+    memory: MemoryOut
+    remembered: bool = Field(description="Whether saved memories are remembered on the "
+                                         "owner's plan.")
+    memory_notice: str = Field(description="Why, in the words the Memory Status page uses.")
+    build: BuildOut
+
+
+class MemoryPage(BaseModel):
+    items: list[MemoryOut]
+    next_cursor: str | None
+
+
+class RecallHit(BaseModel):
+    content: str
+    distance: float
+    source_key: str = Field(description="The memory source, e.g. xmemo.saved.")
+    source: str = Field(description="Who it came from: the saving client for a saved "
+                                    "memory, else the source key.")
+    memory_id: str | None = Field(description="The saved memory it came from, if any.")
+    source_id: str
+    chunk_index: int
+
+
+class SearchOut(BaseModel):
+    results: list[RecallHit]
+
+
+class RemovedCounts(BaseModel):
+    versions: int
+    chunks: int
+
+
+class AuditRef(BaseModel):
+    id: int | None
+    hash: str | None
+
+
+class VacuumState(BaseModel):
+    due: bool
+    vacuumed_at: datetime | None
+
+
+class ReceiptOut(BaseModel):
+    """An erasure receipt: what a forget or restore did. Never content."""
+
+    marker_id: int
+    memory_id: uuid.UUID
+    mode: ReceiptMode
+    from_status: str | None
+    to_status: str | None
+    version: int
+    reason: str
+    removed: RemovedCounts
+    audit_event: AuditRef
+    created_at: datetime
+    vacuum: VacuumState
+
+
+class DeleteOut(BaseModel):
+    receipt: ReceiptOut
+
+
+class ForgetOut(BaseModel):
+    receipt: ReceiptOut
+    memory: MemoryOut | None = Field(description="null after hard_delete.")
+
+
+class RestoreOut(BaseModel):
+    memory: MemoryOut
+    receipt: ReceiptOut
+    build: BuildOut
+
+
+class ReceiptList(BaseModel):
+    items: list[ReceiptOut]
+
+
+class ExportChunk(BaseModel):
+    source_key: str
+    source_id: str
+    chunk_index: int
+    content: str
+    created_at: datetime
+
+
+class ExportOut(BaseModel):
+    owner_id: int
+    exported_at: datetime
+    memories: list[MemoryOut]
+    chunks: list[ExportChunk]
+
+
+class OpenApiDocument(RootModel[dict[str, Any]]):
+    """This document."""
+
+
+class FieldProblem(BaseModel):
+    field: str
+    detail: str
+
+
+class ProblemDetails(BaseModel):
+    """RFC 9457 problem details (application/problem+json)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldProblem] | SkipJsonSchema[None] = optional(
+        description="422 only: each field refused, and why.")

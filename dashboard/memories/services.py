@@ -1,0 +1,639 @@
+"""Saved memories: save, change, forget (soft delete, redact, hard delete),
+restore, list, recall, export — the rules, whoever calls them (the API, the user's pages).
+
+Forgetting is immediate and race-free: the memory's chunks go in the forget's own
+transaction, under the same per-user lock a build holds for its whole transaction
+(``lock_user``). A build that started first finishes before the forget runs, and the
+forget deletes what it wrote; one that starts after waits, then reads the memory as
+forgotten. Recall stops at the forget's commit, with no build in between.
+
+Every forget and restore leaves a marker (the erasure receipt: states, counts, the audit
+event) and an audit event; neither holds content, replacement text or metadata."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import func, or_, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from dashboard.audit.models import AuditEvent
+from dashboard.audit.services import Actor, record_event
+from dashboard.ids import INT4_MAX, parse_id
+from dashboard.memories.models import (
+    MEMORY_SOURCES,
+    MEMORY_STATUSES,
+    ForgetMarker,
+    Memory,
+    MemoryVersion,
+)
+from dashboard.memory import (
+    BuildRequest,
+    BuildsBusy,
+    Embedder,
+    MemoryChunk,
+    build_for_change,
+    forget_chunks,
+    search_memory,
+    wait_for_builds,
+)
+from dashboard.plans.sentences import source_sentence
+from dashboard.plans.services import SourceState, get_plan_for_user, resolve_sources
+from dashboard.refusals import Conflict, Forbidden, Gone, NotFound, Refusal
+from dashboard.sources import SAVED
+
+MAX_CONTENT = 20_000  # characters
+MAX_METADATA_BYTES = 16_384  # the metadata object as compact JSON
+MAX_REASON = 500
+REDACTED = "[REDACTED]"
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+MAX_RECALL_K = 50
+
+FORGET_MODES = ("soft_delete", "redact", "hard_delete")
+# The scope each mode needs: restoring undoes a soft delete, so it is the same scope.
+SCOPE_FOR_MODE = {
+    "soft_delete": "memory:delete",
+    "restore": "memory:delete",
+    "redact": "memory:redact",
+    "hard_delete": "memory:hard_delete",
+}
+
+
+# -- refusals: kinds, never HTTP statuses (each edge maps them) -----------------------------
+
+class InvalidMemoryInput(Refusal):
+    """A value refused, naming its field."""
+
+
+class ScopeMissing(Forbidden):
+    """The key (or the owner's own pages) may not use this mode."""
+
+
+class MemoryNotFound(NotFound):
+    pass
+
+
+class MemoryGone(Gone):
+    pass
+
+
+class MemoryConflict(Conflict):
+    pass
+
+
+# A build of the owner held its lock longer than a forget or an edit may wait.
+MemoryBusy = BuildsBusy
+NOT_FOUND = "There is no memory with this id among yours."
+GONE = "This memory was permanently deleted; only its erasure record remains."
+
+
+# -- validation ----------------------------------------------------------------------------
+
+# A JSON escape of NUL: ``\u0000`` after an even number of backslashes (``\\u0000`` is a
+# backslash followed by the text "u0000", which is fine).
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _is_utf8(text: str) -> bool:
+    # A lone surrogate ("\ud800" in a JSON body) is a valid Python string but not text
+    # PostgreSQL can store: sending it would fail the statement (a 500, not a 422).
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_content(content: object, field: str = "content") -> str:
+    if not isinstance(content, str):
+        raise InvalidMemoryInput(f"{field} must be a string.", field)
+    if not content.strip():
+        raise InvalidMemoryInput(f"{field} must not be empty.", field)
+    if len(content) > MAX_CONTENT:
+        raise InvalidMemoryInput(f"{field} is longer than {MAX_CONTENT:,} characters.", field)
+    if "\x00" in content:
+        raise InvalidMemoryInput(f"{field} must not contain NUL characters.", field)
+    if not _is_utf8(content):
+        raise InvalidMemoryInput(f"{field} must be valid Unicode text (no lone surrogates).",
+                                 field)
+    return content
+
+
+def check_metadata(metadata: object) -> dict[str, Any]:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, Mapping):
+        raise InvalidMemoryInput("metadata must be a JSON object.", "metadata")
+    try:
+        encoded = json.dumps(metadata, separators=(",", ":"), allow_nan=False,
+                             ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidMemoryInput("metadata must be plain JSON (no NaN or infinity, not "
+                                 "nested hundreds deep).", "metadata") from exc
+    if not _is_utf8(encoded):  # jsonb refuses an unpaired surrogate escape too
+        raise InvalidMemoryInput("metadata must be valid Unicode text (no lone surrogates).",
+                                 "metadata")
+    if len(encoded.encode()) > MAX_METADATA_BYTES:
+        raise InvalidMemoryInput(f"metadata is larger than {MAX_METADATA_BYTES:,} bytes.",
+                                 "metadata")
+    if _JSON_NUL.search(encoded):  # PostgreSQL's jsonb refuses NUL in strings
+        raise InvalidMemoryInput("metadata must not contain NUL characters.", "metadata")
+    return json.loads(encoded)
+
+
+def check_source(source: object) -> str:
+    if source not in MEMORY_SOURCES:
+        raise InvalidMemoryInput(f"source must be one of {', '.join(MEMORY_SOURCES)}.",
+                                 "source")
+    return str(source)
+
+
+def check_reason(reason: object) -> str:
+    if reason is None:
+        return ""
+    if not isinstance(reason, str):
+        raise InvalidMemoryInput("reason must be a string.", "reason")
+    if len(reason) > MAX_REASON or "\x00" in reason or not _is_utf8(reason):
+        raise InvalidMemoryInput(f"reason must be at most {MAX_REASON} characters of "
+                                 "text, without NUL.", "reason")
+    return reason.strip()
+
+
+def check_mode(mode: object, allowed: tuple[str, ...] = FORGET_MODES) -> str:
+    if mode not in allowed:
+        raise InvalidMemoryInput(f"mode must be one of {', '.join(allowed)}.", "mode")
+    return str(mode)
+
+
+def check_scope(scopes: list[str] | tuple[str, ...] | None, mode: str) -> None:
+    """``scopes`` is ``None`` for the owner acting on their own pages (every mode but
+    hard delete is theirs)."""
+    needed = SCOPE_FOR_MODE[mode]
+    if scopes is None:
+        if mode == "hard_delete":
+            raise ScopeMissing("Permanent deletion is done through the API with a key "
+                               "an administrator granted memory:hard_delete.")
+        return
+    if needed not in scopes:
+        raise ScopeMissing(f"This API key lacks the {needed} scope that {mode} needs.")
+
+
+def parse_memory_id(value: object) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+# -- reading -------------------------------------------------------------------------------
+
+def find_memory(session: Session, owner_id: int, memory_id: object, *,
+                lock: bool = False) -> Memory:
+    """The owner's memory, or MemoryNotFound (the same for someone else's and for none at
+    all) or MemoryGone (this owner hard-deleted it)."""
+    parsed = parse_memory_id(memory_id)
+    if parsed is None:
+        raise MemoryNotFound(NOT_FOUND)
+    query = select(Memory).where(Memory.id == parsed, Memory.owner_id == owner_id)
+    if lock:
+        # populate_existing: the row as locked now, not the copy an earlier read in this
+        # session left in the identity map (a forget that raced must see the state it lost to).
+        query = query.with_for_update().execution_options(populate_existing=True)
+    memory = session.scalars(query).first()
+    if memory is not None:
+        return memory
+    gone = session.scalar(select(ForgetMarker.id).where(
+        ForgetMarker.memory_id == parsed, ForgetMarker.owner_id == owner_id,
+        ForgetMarker.mode == "hard_delete").limit(1))
+    raise MemoryGone(GONE) if gone else MemoryNotFound(NOT_FOUND)
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Memory]
+    next_cursor: str | None
+
+
+def _encode_cursor(memory: Memory) -> str:
+    raw = json.dumps([memory.created_at.isoformat(), str(memory.id)]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        created, id_ = json.loads(raw)
+        at = datetime.fromisoformat(created)
+        if at.tzinfo is None:
+            raise ValueError
+        return at, uuid.UUID(id_)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, AttributeError,
+            RecursionError):  # a JSON number for the id, JSON nested past the stack
+        raise InvalidMemoryInput("cursor is not one this API gave out.", "cursor") from None
+
+
+def clamp_limit(limit: object) -> int:
+    """Page sizes are clamped on the server: anything out of range becomes the
+    nearest allowed size; what is not a number is refused."""
+    if limit is None or limit == "":
+        return DEFAULT_PAGE_SIZE
+    try:
+        value = int(str(limit))
+    except ValueError:
+        raise InvalidMemoryInput("limit must be a whole number.", "limit") from None
+    return max(1, min(value, MAX_PAGE_SIZE))
+
+
+def list_memories(session: Session, owner_id: int, *, status: str | None = None,
+                  limit: object = None, cursor: str | None = None) -> Page:
+    """The owner's memories, newest first, a page at a time (keyset: stable under
+    inserts, no offset to skip through)."""
+    size = clamp_limit(limit)
+    query = select(Memory).where(Memory.owner_id == owner_id)
+    if status is not None:
+        if status not in MEMORY_STATUSES:
+            raise InvalidMemoryInput(f"status must be one of {', '.join(MEMORY_STATUSES)}.",
+                                     "status")
+        query = query.where(Memory.status == status)
+    if cursor:
+        at, id_ = _decode_cursor(cursor)
+        query = query.where(tuple_(Memory.created_at, Memory.id) < tuple_(at, id_))
+    rows = list(session.scalars(
+        query.order_by(Memory.created_at.desc(), Memory.id.desc()).limit(size + 1)))
+    more = len(rows) > size
+    rows = rows[:size]
+    return Page(rows, _encode_cursor(rows[-1]) if more and rows else None)
+
+
+# -- writing -------------------------------------------------------------------------------
+
+@dataclass
+class Saved:
+    memory: Memory
+    build: BuildRequest
+    remembered: bool
+    sentence: str
+
+
+def _remembered(session: Session, owner: Any) -> tuple[bool, str]:
+    source, sentence = source_sentence(resolve_sources(get_plan_for_user(owner, session)),
+                                       SAVED)
+    return source.state is SourceState.INCLUDED, sentence
+
+
+def save_memory(session: Session, *, owner: Any, content: object, metadata: object = None,
+                source: object = "api", actor: Actor, api_key_id: int | None = None) -> Saved:
+    """Save a memory and request a quick update for its owner; says whether saved
+    memories are remembered on the owner's plan (the status sentence)."""
+    memory = Memory(owner_id=owner.id, content=check_content(content),
+                    metadata_=check_metadata(metadata), source=check_source(source),
+                    status="active", version=1, api_key_id=api_key_id)
+    session.add(memory)
+    session.flush()
+    record_event(session, action="memory.create", actor=actor, owner_id=owner.id,
+                 target_type="memory", target_id=str(memory.id),
+                 details={"source": memory.source, "version": 1})
+    build = build_for_change(session, owner.id)  # the flush's request (memory.changes)
+    remembered, sentence = _remembered(session, owner)
+    return Saved(memory, build, remembered, sentence)
+
+
+def _snapshot(session: Session, memory: Memory) -> None:
+    session.add(MemoryVersion(memory_id=memory.id, version=memory.version,
+                              content=memory.content, metadata_=memory.metadata_,
+                              status=memory.status))
+
+
+def update_memory(session: Session, memory: Memory, *, content: object = None,
+                  metadata: object = None, actor: Actor
+                  ) -> tuple[Memory, BuildRequest | None]:
+    """Change content and/or metadata of an active memory: the previous version is
+    snapshotted, the version goes up by one, and a quick update is requested.
+
+    A content change takes the old content's chunks away at once, under the build lock
+    as a forget does: an edit that takes sensitive text out must not leave it recallable
+    until the next build. The new content is recalled from that build on."""
+    if content is None and metadata is None:
+        raise InvalidMemoryInput("Give content, metadata or both.")
+    new_content = check_content(content) if content is not None else None
+    new_metadata = check_metadata(metadata) if metadata is not None else None
+    if new_content is not None:
+        wait_for_builds(session, memory.owner_id)
+    # Re-read under the row lock: a hard delete that committed meanwhile is a 410.
+    memory = find_memory(session, memory.owner_id, memory.id, lock=True)
+    if memory.status != "active":
+        raise MemoryConflict(f"Only an active memory can be changed; this one is "
+                             f"{memory.status}.")
+    changed = [name for name, value, now in (("content", new_content, memory.content),
+                                             ("metadata", new_metadata, memory.metadata_))
+               if value is not None and value != now]
+    _snapshot(session, memory)
+    before = memory.version
+    if new_content is not None and new_content != memory.content:
+        _forget_chunks(session, memory)
+    if new_content is not None:
+        memory.content = new_content
+    if new_metadata is not None:
+        memory.metadata_ = new_metadata
+    memory.version += 1
+    session.flush()
+    # Metadata is never chunked: only new content gives the next build something to do.
+    # Requested before the audit event: row writes come before the chain's lock.
+    build = build_for_change(session, memory.owner_id) if "content" in changed else None
+    record_event(session, action="memory.update", actor=actor, owner_id=memory.owner_id,
+                 target_type="memory", target_id=str(memory.id),
+                 details={"changed": changed, "before": {"version": before},
+                          "after": {"version": memory.version}})
+    return memory, build
+
+
+@dataclass
+class Receipt:
+    """What a forget or restore did, as the owner may read it again later."""
+
+    marker_id: int
+    memory_id: str
+    mode: str
+    from_status: str | None
+    to_status: str | None
+    version: int
+    removed_versions: int
+    removed_chunks: int
+    audit_event_id: int | None
+    audit_hash: str | None
+    created_at: datetime
+    vacuum_due: bool
+    vacuumed_at: datetime | None
+    reason: str = ""
+    build: BuildRequest | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "marker_id": self.marker_id,
+            "memory_id": self.memory_id,
+            "mode": self.mode,
+            "from_status": self.from_status,
+            "to_status": self.to_status,
+            "version": self.version,
+            "reason": self.reason,
+            "removed": {"versions": self.removed_versions, "chunks": self.removed_chunks},
+            "audit_event": {"id": self.audit_event_id, "hash": self.audit_hash},
+            "created_at": self.created_at.isoformat(),
+            "vacuum": {"due": self.vacuum_due,
+                       "vacuumed_at": self.vacuumed_at.isoformat() if self.vacuumed_at
+                       else None},
+        }
+
+
+def receipt_of(session: Session, marker: ForgetMarker, *,
+               audit_hash: str | None = None) -> Receipt:
+    if audit_hash is None and marker.audit_event_id:
+        audit_hash = session.scalar(select(AuditEvent.hash).where(
+            AuditEvent.id == marker.audit_event_id))
+    return Receipt(marker.id, str(marker.memory_id), marker.mode, marker.from_status,
+                   marker.to_status, marker.version, marker.removed_versions,
+                   marker.removed_chunks, marker.audit_event_id, audit_hash,
+                   marker.created_at, marker.vacuum_due, marker.vacuumed_at, marker.reason)
+
+
+def find_receipt(session: Session, owner_id: int, marker_id: object) -> Receipt:
+    """The owner's erasure receipt ``marker_id`` (404 alike for someone else's)."""
+    # ASCII digits within the integer column only: "١", "1_0" or 2**40 name no marker.
+    id_ = marker_id if type(marker_id) is int else parse_id(str(marker_id))
+    marker = session.scalars(select(ForgetMarker).where(
+        ForgetMarker.id == id_, ForgetMarker.owner_id == owner_id)).first() \
+        if id_ is not None and 0 < id_ <= INT4_MAX else None
+    if marker is None:
+        raise MemoryNotFound("There is no such erasure receipt among yours.")
+    return receipt_of(session, marker)
+
+
+def receipts_of_memory(session: Session, owner_id: int, memory_id: object) -> list[Receipt]:
+    parsed = parse_memory_id(memory_id)
+    if parsed is None:
+        return []
+    rows = session.execute(
+        select(ForgetMarker, AuditEvent.hash)
+        .outerjoin(AuditEvent, AuditEvent.id == ForgetMarker.audit_event_id)
+        .where(ForgetMarker.memory_id == parsed, ForgetMarker.owner_id == owner_id)
+        .order_by(ForgetMarker.id))
+    return [receipt_of(session, marker, audit_hash=hash_) for marker, hash_ in rows]
+
+
+def _forget_chunks(session: Session, memory: Memory) -> int:
+    return forget_chunks(session, memory.owner_id, SAVED, [str(memory.id)])
+
+
+@dataclass(frozen=True)
+class _Gone:
+    """What a marker needs of a memory that was just deleted."""
+
+    id: uuid.UUID
+    owner_id: int
+    version: int
+
+
+def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, actor: Actor,
+          from_status: str, to_status: str | None, removed_versions: int = 0,
+          removed_chunks: int = 0) -> Receipt:
+    """The marker and its audit event; the receipt, with the event's hash as written."""
+    marker = ForgetMarker(
+        memory_id=memory.id, owner_id=memory.owner_id, mode=mode, reason=reason,
+        actor_type=actor.kind, actor_id=str(actor.id), version=memory.version,
+        from_status=from_status, to_status=to_status, removed_versions=removed_versions,
+        removed_chunks=removed_chunks, vacuum_due=mode in ("redact", "hard_delete"))
+    session.add(marker)
+    session.flush()
+    event = record_event(
+        session, action=f"memory.{mode}", actor=actor, owner_id=memory.owner_id,
+        target_type="memory", target_id=str(memory.id), mode=mode,
+        details={"marker_id": marker.id, "before": {"status": from_status},
+                 "after": {"status": to_status}, "version": memory.version,
+                 "removed": {"versions": removed_versions, "chunks": removed_chunks}})
+    marker.audit_event_id = event.id
+    session.flush()
+    return receipt_of(session, marker, audit_hash=event.hash)
+
+
+def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: object,
+                  actor: Actor, scopes: list[str] | None = None, reason: object = None,
+                  replacement_content: object = None, metadata: object = None) -> Receipt:
+    """Soft delete, redact or hard delete the owner's memory, in the caller's
+    transaction: checks in the API's order (the mode's scope, then the target, then its
+    state), then removes its chunks at once and leaves the marker and audit event."""
+    mode = check_mode(mode)
+    reason = check_reason(reason)
+    if replacement_content is not None:
+        if mode != "redact":
+            raise InvalidMemoryInput("replacement_content is only for mode redact.",
+                                     "replacement_content")
+        replacement_content = check_content(replacement_content, "replacement_content")
+    if metadata is not None:
+        if mode == "hard_delete":
+            raise InvalidMemoryInput("metadata cannot be given with hard_delete: nothing "
+                                     "of the memory remains.", "metadata")
+        metadata = check_metadata(metadata)
+    check_scope(scopes, mode)
+    find_memory(session, owner_id, memory_id)  # 404/410 before waiting on any lock
+    # The build's lock first, then the row: a running build of this owner finishes (and
+    # commits what it wrote) before we delete; a later one reads the memory as forgotten.
+    wait_for_builds(session, owner_id)
+    memory = find_memory(session, owner_id, memory_id, lock=True)
+    from_status = memory.status
+
+    if mode == "soft_delete":
+        if memory.status != "active":
+            raise MemoryConflict(f"Only an active memory can be deleted; this one is "
+                                 f"{memory.status}.")
+        _snapshot(session, memory)
+        memory.status, memory.deleted_at = "deleted", datetime.now(UTC)
+        if metadata is not None:
+            memory.metadata_ = metadata
+        memory.version += 1
+        chunks = _forget_chunks(session, memory)
+        receipt = _mark(session, memory, mode=mode, reason=reason, actor=actor,
+                       from_status=from_status, to_status="deleted", removed_chunks=chunks)
+    elif mode == "redact":
+        if memory.status == "redacted":
+            raise MemoryConflict("This memory is already redacted.")
+        # Every earlier version loses its content and metadata; the redacted version is
+        # recorded as a snapshot without them (which version, in which state).
+        purged = session.execute(
+            update(MemoryVersion)
+            .where(MemoryVersion.memory_id == memory.id,
+                   or_(MemoryVersion.content.is_not(None), MemoryVersion.metadata_.is_not(None)))
+            .values(content=None, metadata_=None)).rowcount or 0
+        session.add(MemoryVersion(memory_id=memory.id, version=memory.version, content=None,
+                                  metadata_=None, status=memory.status))
+        memory.content = replacement_content or REDACTED
+        memory.metadata_ = metadata if metadata is not None else {}
+        memory.status, memory.redacted_at = "redacted", datetime.now(UTC)
+        memory.version += 1
+        chunks = _forget_chunks(session, memory)
+        receipt = _mark(session, memory, mode=mode, reason=reason, actor=actor,
+                       from_status=from_status, to_status="redacted",
+                       removed_versions=purged + 1, removed_chunks=chunks)
+    else:  # hard_delete
+        versions = session.scalar(select(func.count()).select_from(MemoryVersion)
+                                  .where(MemoryVersion.memory_id == memory.id)) or 0
+        chunks = _forget_chunks(session, memory)
+        gone = _Gone(memory.id, memory.owner_id, memory.version)
+        # The delete (and the build request its flush makes) before the marker: every
+        # row write must come before the audit chain's lock (record_event), or two
+        # transactions can each wait for the other.
+        session.delete(memory)  # its versions go with it (ON DELETE CASCADE)
+        session.flush()
+        receipt = _mark(session, gone, mode=mode, reason=reason, actor=actor,
+                       from_status=from_status, to_status=None,
+                       removed_versions=versions + 1, removed_chunks=chunks)
+    return receipt
+
+
+def restore_memory(session: Session, owner_id: int, memory_id: object, *, actor: Actor,
+                   scopes: list[str] | None = None, reason: object = None,
+                   metadata: object = None) -> Receipt:
+    """Undo a soft delete: active again, version + 1, and a quick update requested so
+    the memory is recalled again after the next build. Redacted: 409; hard-deleted: 410."""
+    reason = check_reason(reason)
+    metadata = check_metadata(metadata) if metadata is not None else None
+    check_scope(scopes, "restore")
+    memory = find_memory(session, owner_id, memory_id, lock=True)
+    if memory.status == "redacted":
+        raise MemoryConflict("A redacted memory cannot be restored: its content is gone.")
+    if memory.status != "deleted":
+        raise MemoryConflict("Only a deleted memory can be restored; this one is active.")
+    _snapshot(session, memory)
+    memory.status, memory.deleted_at = "active", None
+    if metadata is not None:
+        memory.metadata_ = metadata
+    memory.version += 1
+    session.flush()
+    build = build_for_change(session, owner_id)  # the flush's request (memory.changes)
+    receipt = _mark(session, memory, mode="restore", reason=reason, actor=actor,
+                    from_status="deleted", to_status="active")
+    receipt.build = build
+    return receipt
+
+
+# -- recall and export -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Recalled:
+    content: str
+    distance: float
+    source_key: str  # the memory source
+    source: str  # who it came from: chatgpt, codex, … for saved memories; else the source key
+    memory_id: str | None
+    source_id: str
+    chunk_index: int
+
+
+def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Embedder
+           ) -> list[Recalled]:
+    """Top-k over the owner's chunks (every source), each naming where it came from."""
+    query = check_content(query, "query")
+    hits = search_memory(session, owner_id, query, max(1, min(int(k), MAX_RECALL_K)),
+                         embedder=embedder)
+    saved_ids = [parse_memory_id(h.source_id) for h in hits if h.source_key == SAVED]
+    origins: dict[str, str] = {}
+    if saved_ids:
+        origins = {str(id_): source for id_, source in session.execute(
+            select(Memory.id, Memory.source).where(
+                Memory.id.in_([i for i in saved_ids if i is not None]),
+                Memory.owner_id == owner_id, Memory.status == "active"))}
+    out = []
+    for hit in hits:
+        if hit.source_key == SAVED:
+            if hit.source_id not in origins:
+                continue  # forgotten in a transaction this one already sees
+            out.append(Recalled(hit.content, hit.distance, hit.source_key,
+                                origins[hit.source_id], hit.source_id, hit.source_id,
+                                hit.chunk_index))
+        else:
+            out.append(Recalled(hit.content, hit.distance, hit.source_key, hit.source_key,
+                                None, hit.source_id, hit.chunk_index))
+    return out
+
+
+def memory_dict(memory: Memory) -> dict[str, Any]:
+    return {
+        "id": str(memory.id),
+        "content": memory.content,
+        "metadata": memory.metadata_ or {},
+        "source": memory.source,
+        "status": memory.status,
+        "version": memory.version,
+        "created_at": memory.created_at.isoformat(),
+        "updated_at": memory.updated_at.isoformat() if memory.updated_at else None,
+        "deleted_at": memory.deleted_at.isoformat() if memory.deleted_at else None,
+        "redacted_at": memory.redacted_at.isoformat() if memory.redacted_at else None,
+    }
+
+
+def export_memories(session: Session, owner_id: int) -> dict[str, Any]:
+    """Everything remembered about the owner: the saved memories (every status; redacted
+    ones as they are now) and every memory chunk the last builds stored, by source."""
+    memories = session.scalars(select(Memory).where(Memory.owner_id == owner_id)
+                               .order_by(Memory.created_at, Memory.id))
+    chunks = session.execute(
+        select(MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index,
+               MemoryChunk.content, MemoryChunk.created_at)
+        .where(MemoryChunk.user_id == owner_id)
+        .order_by(MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index))
+    return {
+        "owner_id": owner_id,
+        "exported_at": datetime.now(UTC).isoformat(),
+        "memories": [memory_dict(m) for m in memories],
+        "chunks": [{"source_key": key, "source_id": sid, "chunk_index": index,
+                    "content": content, "created_at": created.isoformat()}
+                   for key, sid, index, content, created in chunks],
+    }

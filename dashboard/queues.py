@@ -1,0 +1,37 @@
+"""An app's Redis client and build queue: one client per app (the embedded Valkey started
+on its first use), and the engine's ``BuildQueue`` bound to the app's database engine."""
+
+from __future__ import annotations
+
+from flask import Flask, current_app
+from redis import Redis
+
+from dashboard.extensions import db
+from dashboard.memory import BuildQueue, bind_queue, settings_from
+
+
+def redis_client(app: Flask | None = None) -> Redis:
+    app = app or current_app
+    binding = app.extensions.get("orbitpilot.embedded")
+    if binding is not None:
+        binding.ensure_redis()
+    client = app.extensions.get("orbitpilot.redis")
+    if client is None:
+        # Short timeouts: a Redis outage must fail a request's enqueue fast (the sweeper
+        # enqueues later), never hang the request.
+        client = Redis.from_url(app.config["REDIS_URL"], socket_connect_timeout=2,
+                                socket_timeout=5, health_check_interval=30)
+        app.extensions["orbitpilot.redis"] = client
+    return client
+
+
+def build_queue(app: Flask | None = None) -> BuildQueue:
+    return (app or current_app).extensions["orbitpilot.build_queue"]
+
+
+def init_queue(app: Flask) -> None:
+    """After the database: jobs asked for in this app's transactions go to its queue."""
+    queue = BuildQueue(lambda: redis_client(app), settings_from(app.config))
+    app.extensions["orbitpilot.build_queue"] = queue
+    with app.app_context():
+        bind_queue(db.engine, queue)

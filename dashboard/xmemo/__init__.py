@@ -1,1 +1,0 @@
-"""xmemo: memories saved by connected apps through ``/v1/memories``, API keys, forget markers."""

@@ -1,0 +1,189 @@
+"""The shape of the code, read from its imports: other packages reach the memory engine and
+the embedded servers through their front doors only, service modules import no web
+framework, no import circle anywhere, short docstrings, no pointers outside the repo."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("dashboard", "jobs")
+# Packages whose front door (their __init__) is all that code outside them may import.
+FRONT_DOORS = ("dashboard.memory", "dashboard.embedded")
+# The app factory registers each package's pages: a package's blueprint module is public
+# to it alone.
+BLUEPRINTS = {"dashboard.memory.views"}
+APP_FACTORY = "dashboard.app"
+# The edge: modules that speak HTTP, forms, the CLI or the process; everything else under
+# dashboard/ is a service (or a model) and must not import a web framework or the edge.
+EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "api", "web", "forms",
+              "decorators", "binding"}
+EDGE_MODULES = {"dashboard", "dashboard.app", "dashboard.cli", "dashboard.errors",
+                "dashboard.extensions", "dashboard.forms", "dashboard.queues",
+                "dashboard.security", "dashboard.supervisor", "dashboard.views"}
+EDGE_PACKAGES = ("dashboard.admin",)
+# Model modules may build on Flask-SQLAlchemy's ``db.Model`` (and Flask-Login's mixin).
+MODEL_NAMES = {"models", "models_base", "leases"}
+WEB_IMPORTS = ("flask", "flask_", "werkzeug.exceptions", "wtforms", "spectree")
+MAX_DOCSTRING_LINES = 12
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped |= {id(inner) for inner in ast.walk(node)}
+    return skipped
+
+
+def imports_of(name: str) -> list[str]:
+    """Every module ``name`` imports (function-local ones too; not TYPE_CHECKING ones),
+    spelled absolutely; ``from package import module`` names the module."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(), str(path))
+    skipped = _type_checking_nodes(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            found.append(base)
+            found += [f"{base}.{alias.name}" for alias in node.names
+                      if f"{base}.{alias.name}" in MODULES]
+    return found
+
+
+def _own(target: str) -> str | None:
+    """The module of ours ``target`` names (a name inside a module names the module)."""
+    while target and target not in MODULES:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _is_edge(name: str) -> bool:
+    return (name in EDGE_MODULES or name.split(".")[-1] in EDGE_NAMES
+            or name.startswith(EDGE_PACKAGES) or name.startswith("jobs"))
+
+
+def test_other_packages_reach_the_engine_and_the_servers_through_their_front_doors():
+    wrong = []
+    for name in MODULES:
+        for target in imports_of(name):
+            for door in FRONT_DOORS:
+                inside = name == door or name.startswith(door + ".")
+                if target.startswith(door + ".") and not inside \
+                        and not (name == APP_FACTORY and target in BLUEPRINTS):
+                    wrong.append(f"{name} imports {target} (use {door})")
+    assert wrong == []
+
+
+def test_service_modules_import_no_web_framework():
+    wrong = []
+    for name in MODULES:
+        if not name.startswith("dashboard") or _is_edge(name):
+            continue
+        model = name.split(".")[-1] in MODEL_NAMES
+        for target in imports_of(name):
+            web = target.startswith(WEB_IMPORTS) and not (model and target.startswith(
+                ("flask_sqlalchemy", "flask_login")))
+            edge = (_own(target) or "").startswith("dashboard") and _is_edge(_own(target)) \
+                and not (model and _own(target) == "dashboard.extensions")
+            if web or edge:
+                wrong.append(f"{name} imports {target}")
+    assert wrong == []
+
+
+def _cycle() -> list[str] | None:
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name in MODULES:
+        for target in imports_of(name):
+            own = _own(target)
+            if own is not None and own != name:
+                graph[name].add(own)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(MODULES):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle_among_our_modules():
+    cycle = _cycle()
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_checks_see_what_they_claim_to(tmp_path):
+    """The checks are not vacuous: the graph has the edges we know of."""
+    assert "dashboard.memory" in imports_of("dashboard.memories.services")
+    assert "dashboard.memory.models" in imports_of("dashboard.memory.pipeline")
+    assert not _is_edge("dashboard.memory.pipeline") and _is_edge("dashboard.memory.views")
+    assert any(t.startswith("flask") for t in imports_of("dashboard.memory.views"))
+
+
+SOURCE_TREES = ("dashboard", "jobs", "tests", "bench", "migrations", "scripts")
+
+
+def _python_files() -> list[Path]:
+    return [path for tree in SOURCE_TREES for path in sorted((ROOT / tree).rglob("*.py"))]
+
+
+def test_no_docstring_is_an_essay():
+    long = []
+    for path in _python_files():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                          | ast.AsyncFunctionDef):
+                doc = ast.get_docstring(node, clean=False)
+                if doc and doc.count("\n") + 1 > MAX_DOCSTRING_LINES:
+                    where = getattr(node, "name", "module")
+                    long.append(f"{path.relative_to(ROOT)}:{where}")
+    assert long == []
+
+
+@pytest.mark.parametrize("tree", ["dashboard", "jobs", "migrations", "templates", "tests", "bench",
+                                  "docs", "scripts"])
+def test_nothing_points_at_sections_of_a_document_outside_the_repository(tree):
+    marked = [str(path.relative_to(ROOT)) for path in sorted((ROOT / tree).rglob("*"))
+              if path.is_file() and path.suffix in {".py", ".html", ".md", ".js", ".css"}
+              and "\u00a7" in path.read_text(encoding="utf-8")]
+    assert marked == []
