@@ -1,32 +1,14 @@
-"""Memory build and retrieval benchmark. Prints every figure of issue 10 beside its
-target, from one run.
+"""Memory build and retrieval benchmark: every figure beside its target, from one run.
 
-    .venv/bin/python bench/builds.py                 # the full sizes of the issue
+    .venv/bin/python bench/builds.py                 # the full sizes
     .venv/bin/python bench/builds.py --quick         # small sizes, a smoke run
 
-Runs against its own database (``orbitpilot_bench`` on the embedded server, or
-BENCH_DATABASE_URL), migrated with the real migrations and dropped afterwards unless
---keep. Nothing here is a pass/fail test: targets are printed beside the figures.
-
-What it does, in order:
-
-1. builds: one user with N chat pairs (100 conversations), hashing embedder: a full build
-   (its write phase alone, and the whole), a no-op quick update, a one-message update,
-   and the Memory Status dry run (``preview_memory_build``) after them.
-2. MiniLM: texts/s of the packaged model beside the hashing embedder's, on the same chat
-   texts; once in a forked child of a process that loaded the model (as a worker's work
-   horse runs it), then a full build and an unchanged full rebuild.
-3. retrieval: 1,000,000 random chunks over 1,000 users (binary COPY; each user below
-   ANN_MIN_CHUNKS: the exact path), then one user with 200,000 chunks flagged ``ann``
-   whose partial HNSW index is built after the load, as migration 0006 builds it for
-   users already that large (a build reaches the same state by flipping rows: measured
-   in 4). Its vectors have structure (a Gaussian in a 32-dimensional subspace plus noise
-   in all 384), as sentence embeddings do: on unstructured random vectors no graph index
-   finds the exact top 10 (docs/ARCHITECTURE.md has those figures too). Recall is
-   against the exact answer, computed here with numpy.
-4. crossing: a user's quick update that takes it over ANN_MIN_CHUNKS (lowered for the
-   run) flips its rows into the HNSW index; the next one, back under, flips them out.
-"""
+On a database of its own (``orbitpilot_bench``, or BENCH_DATABASE_URL), migrated and
+dropped afterwards unless --keep: (1) builds of one user with N chat pairs — full, no-op,
+one message, the dry run; (2) MiniLM against the hashing embedder in a forked work horse;
+(3) retrieval over 1,000,000 chunks and for a 200,000-chunk user on the HNSW path (vectors
+with the structure of sentence embeddings; recall against numpy's exact answer); (4) a
+quick update crossing ANN_MIN_CHUNKS each way. Nothing here passes or fails."""
 
 from __future__ import annotations
 

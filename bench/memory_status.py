@@ -3,16 +3,11 @@
     .venv/bin/python bench/memory_status.py               # 10,000 pairs, 30 loads
     .venv/bin/python bench/memory_status.py --pairs 1000  # a smaller run
 
-Fills its own database (``orbitpilot_bench_status`` on the embedded server, dropped
-afterwards unless --keep): a user on a plan whose cap includes chat history (the page's
-heaviest case: the dry run extracts every pair), with a profile, Blinks and saved
-memories. One real build runs first (through the runner, as a worker would), so the page
-has a last build and chunks; then a few pairs are flagged and a few Blinks added, so the
-dry run has something to report. The page is loaded through the Flask test client,
-signed in, connected as the app role as in production. Prints milliseconds per load
-(median, p95), queries per load, and the time inside ``preview_memory_build`` alone,
-beside the target. Nothing here passes or fails; the verdict printed is the measurement's.
-"""
+On a database of its own (dropped afterwards unless --keep): a user whose plan includes
+chat history (the dry run's heaviest case), one real build through the runner, then a few
+flagged pairs and new Blinks. The page is loaded through the test client, signed in, as
+the app role; it prints ms per load (median, p95), queries per load and the dry run's
+share, beside the target. Nothing here passes or fails."""
 
 from __future__ import annotations
 

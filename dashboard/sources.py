@@ -1,14 +1,8 @@
-"""The source registry: defined in code, ordered, and the order is the rank.
-
-Each entry owns everything about its source: its label and default, the extractor that
-turns a user's rows into records, and what it *watches* — the ORM writes that change
-those records. From the watches come both the build requests made in the writing
-transaction (``memory.changes``) and the schedule's "changed since" probe
-(``memory.maintenance``). Adding a source is one entry here.
-
-Nothing forgotten comes back: excluded Blinks, memories not ``active`` and flagged chat
-pairs are filtered here, in SQL, for quick updates and full rebuilds alike.
-"""
+"""The source registry: defined in code, ordered, and the order is the rank. Each entry owns
+its label and default, the extractor that turns a user's rows into records, and what it
+*watches* (the writes that change those records: ``memory.changes`` requests builds from
+them, the schedule probes them). Nothing forgotten comes back: excluded Blinks, memories
+not ``active`` and flagged chat pairs are filtered here, in SQL."""
 
 from __future__ import annotations
 
@@ -117,18 +111,13 @@ def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
 
 def extract_chat_pairs(session: Session, user_id: int,
                        conversation_ids: Any = None) -> list[Record]:
-    """The chat-history records of all the user's conversations, or of some of them
-    (ids, or a query of ids: the dry run of a build re-reads only the conversations
-    changed since the last one).
+    """The chat-history records of the user's conversations, or of some of them (ids, or a
+    query of ids: the dry run re-reads only conversations changed since the last build).
 
-    ``pair_index`` counts every user turn of the conversation in order. A flagged turn
-    emits nothing, and neither does a turn not answered yet, but both still take their
-    index: every other pair keeps its exact ``source_id`` across builds, so excluding
-    (or later answering) one turn never forces re-embedding of the turns after it.
-
-    The reply is the assistant turn whose ``reply_to_id`` names the user turn (the
-    earliest, if regenerated); an assistant turn without a link answers the user turn
-    right before it, if that turn has no linked reply."""
+    ``pair_index`` counts every user turn in order; a flagged or unanswered turn emits
+    nothing but keeps its index, so every other pair keeps its ``source_id`` across builds.
+    The reply is the assistant turn whose ``reply_to_id`` names the user turn (the earliest,
+    if regenerated); one without a link answers the user turn right before it."""
     query = (
         select(Message.id, Message.conversation_id, Message.role, Message.content,
                Message.not_remembered, Message.reply_to_id)

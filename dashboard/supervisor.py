@@ -1,18 +1,7 @@
-"""``python -m dashboard.supervisor``: the one process behind ``scripts/run``.
-
-It holds the embedded servers for the whole run (when DATABASE_URL / REDIS_URL leave them
-in use), migrates, seeds the demo data, then runs the web server (gunicorn) and a build
-worker as its children and watches them. Whatever ends the run — Ctrl+C, SIGTERM, a
-child that dies — it stops the children (SIGTERM, then SIGKILL to what is left after a
-grace period, work horses included) and then releases the servers, so when the command
-returns nothing it started is left running.
-
-Children run in sessions of their own, so a terminal's Ctrl+C reaches only this process,
-which shuts them down in order; and each is told by the kernel to stop if this process is
-killed outright (PR_SET_PDEATHSIG), so even ``kill -9`` leaves no web server on the port.
-It is also their subreaper: a work horse orphaned by a worker that died is still found,
-and stopped, before the servers are released.
-"""
+"""``python -m dashboard.supervisor``: the one process behind ``scripts/run``. It holds the
+embedded servers, migrates, seeds the demo data, runs gunicorn and a build worker as its
+children, and whatever ends the run (Ctrl+C, SIGTERM, a child that dies) stops them all,
+work horses included, before it releases the servers. docs/architecture/run.md says how."""
 
 from __future__ import annotations
 

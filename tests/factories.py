@@ -5,6 +5,7 @@ rollback undoes them (``committed`` callers commit themselves)."""
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from dashboard.memories.keys import create_key
 from dashboard.memories.models import ApiKey, Memory
 from dashboard.memories.services import save_memory
 from dashboard.memory import MemoryBuild, get_embedder
+from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.pipeline import BuildResult, run_memory_build
 from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
 from dashboard.plans.models import Plan, SourceAssignment
@@ -204,25 +206,41 @@ def plans_of(session) -> UserPlans:
     return UserPlans(session)
 
 
-class SlowEmbedder:
-    """The hashing embedder, holding each call until ``release()`` (or ``hold`` seconds):
-    a test double of the embedder — never of the database — that keeps a real build busy
-    with a few pairs. ``started`` is set once a call is waiting."""
+class PausedEmbedder:
+    """The hashing embedder whose first call (a build that has read its inputs) waits for
+    ``release``, the build holding its user's lock mid-transaction meanwhile: a test
+    double of the embedder, never of the database. ``texts``: what that call was given."""
 
     def __init__(self, hold: float = 60.0) -> None:
         inner = get_embedder("hashing")
         self.inner, self.name, self.dimensions = inner, inner.name, inner.dimensions
         self.hold = hold
-        self.started = threading.Event()
-        self._released = threading.Event()
+        self.reading, self.release = threading.Event(), threading.Event()
+        self.texts: list[str] = []
 
     def embed(self, texts):
-        self.started.set()
-        self._released.wait(self.hold)
+        if not self.reading.is_set():
+            self.texts.extend(texts)
+            self.reading.set()
+            self.release.wait(self.hold)
         return self.inner.embed(texts)
 
-    def release(self) -> None:
-        self._released.set()
+
+GATE_VARIABLE = "ORBITPILOT_TEST_GATE"
+
+
+class GatedEmbedder(HashingEmbedder):
+    """For a worker in another process (``EMBEDDER=tests.factories:GatedEmbedder``): the
+    hashing embedder (same name, same vectors), answering only once the file named by
+    ORBITPILOT_TEST_GATE exists, so the test holds a real build "running" with a few
+    pairs and opens the gate when it is done looking."""
+
+    def embed(self, texts):
+        gate = os.environ.get(GATE_VARIABLE)
+        deadline = time.monotonic() + 120
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return super().embed(texts)
 
 
 def wait_for(predicate, timeout: float = 30.0) -> bool:

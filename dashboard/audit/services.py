@@ -1,16 +1,7 @@
-"""The audit log: one ``record_event`` for every audited action, a hash chain that
-makes any later change to a row visible, checkpoints of the chain head, and a verifier.
-
-An event's hash covers a canonical serialisation of the event (sorted keys, no
-whitespace, UTC timestamp with microseconds, the previous event's hash), so it can be
-recomputed from the row alone. Sequence numbers are handed out under a transaction-level
-advisory lock: the next writer waits until this transaction commits or rolls back, so
-``seq`` order is commit order and the chain never forks. That serialises audited writes,
-which are staff actions and forgets — rare next to reads.
-
-Events never hold content (message, Blink, memory or document text): callers pass ids,
-modes, reasons and the before/after of settings only.
-"""
+"""The audit log: ``record_event`` for every audited action (in the caller's transaction,
+under the chain's lock), a hash chain that makes any later change to a row visible,
+checkpoints of its head, and a verifier. Events never hold content.
+docs/architecture/audit.md says why."""
 
 from __future__ import annotations
 

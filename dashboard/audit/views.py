@@ -1,19 +1,7 @@
-"""The audit log in the staff console: read-only, filterable, exportable as CSV.
-
-It shows what the events hold — ids, modes, reasons, the before/after of settings — and
-never looks anything up elsewhere, so no page of it can show content.
-
-**Paging is by keyset, not offset.** Measured with ``bench/audit.py`` on 1,000,000 events
-(2-core machine, embedded PostgreSQL 18, 50 rows a page): Flask-Admin's offset paging
-reads and throws away every row before the page, so its cost grows with depth — 94 ms
-half way down (page 10,000), 186 ms at the oldest page — against 0.8 ms by keyset at
-any depth. A page here is "the next 50 events past this ``seq``": ``Older`` carries
-``before_seq`` (the last ``seq`` shown), ``Newer`` carries ``after_seq``, both keep the
-filters, and each page is one index range read on ``seq`` or on a filter's ``(column,
-seq)`` index (migration 0003). No ``count(*)`` either (``simple_list_pager``): one query
-per page, whatever the size of the log. A ``page`` number other than 0 is refused
-(400) rather than honoured slowly.
-"""
+"""The audit log in the staff console: read-only, filterable, exportable as CSV, and paged by
+keyset (``before_seq`` / ``after_seq``: one index range read a page, whatever the log's
+size; docs/architecture/audit.md). It shows what the events hold and looks nothing up
+elsewhere, so no page of it can show content."""
 
 from __future__ import annotations
 

@@ -1,25 +1,7 @@
-"""The memory API: ``/v1/memories`` for clients holding an ``X-API-Key``.
-
-A call passes, in this order: the input guard (NUL, not UTF-8: 400) and the rate limit
-(429: per live key, else per client address), both app-wide hooks; then
-``_authenticate`` below — a key in the URL (400, never used), no live key (401), the
-route's scope (403), the body's media type (415) and JSON (400); then spectree's
-validation of the query and body (422); then the view, whose service checks the mode's
-scope where the body names it (403), the target among the key owner's memories (404, the
-same answer for someone else's and for none) and its state (409; 410 once hard-deleted).
-Ids in the path are plain strings the services parse, so a malformed id without a key is
-a 401 like any other call, and with one a 404 like an unknown id. Every refusal is
-``application/problem+json``.
-
-The OpenAPI document (``/v1/openapi.json``) is spectree's, written from these route
-declarations and the models in ``schemas.py``. Responses are checked against their models
-under tests only: in production, a response that drifted from the document is still the
-answer, never spectree's 500.
-
-Views parse, call a service, commit, answer; a refusal rolls the transaction back (the
-services write in one transaction, so nothing is half done). The key's secret is read
-from its header only and never logged; a URL that carried one is cut back to its path
-before the access log sees it."""
+"""The memory API, ``/v1/memories``, for clients holding an ``X-API-Key``: the key (header
+only), the route's scope and the JSON body are checked here, then the service; every
+refusal is ``application/problem+json``, the OpenAPI document is spectree's, written from
+these routes. docs/architecture/api.md has the order of checks."""
 
 from __future__ import annotations
 

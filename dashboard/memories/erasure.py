@@ -1,30 +1,7 @@
-"""The erasure VACUUM: after redactions and hard deletes, VACUUM the memory
-tables so the dead row versions that still hold the old content leave the tables, their
-TOAST tables and their indexes; then record on each erasure receipt when that happened.
-
-A redaction or hard delete only marks the old row versions dead; their bytes stay in the
-heap (and the index entries pointing at them) until a VACUUM removes them. A receipt may
-say "vacuumed" only when a VACUUM really removed what its forget left behind:
-
-- **Committed before it started.** The markers are read first (a committed read, on the
-  job's own connection); a marker committed later is left for the next run, even if it
-  commits while the VACUUM is still going.
-- **Really ran.** VACUUM by a role without the privilege (MAINTAIN, PostgreSQL 17+;
-  before that, only an owner) only warns and skips the table; so each table's
-  ``vacuum_count`` must have gone up, or nothing is stamped.
-- **Really removed them.** VACUUM keeps a dead version that a still-open snapshot may
-  read. Either the VACUUM left no dead version at all in any of the tables (its own exact
-  count, read before the ANALYZE that would replace it by an estimate), or only the
-  markers whose forget (the transaction that wrote the marker, ``xmin``, also wrote the
-  dead versions) precedes every snapshot that could have held the VACUUM back are
-  stamped: the oldest running transaction (a new snapshot starts no older), the snapshots
-  of this database's sessions, replication slots. The rest wait for a later run. And
-  only if VACUUM VERBOSE reported no dead version left behind on a page it could not
-  lock (another backend had it pinned): such a version may be any erasure's, so then no
-  marker is stamped.
-
-VACUUM cannot run inside a transaction block, so the job uses an autocommit connection of
-its own and never the caller's transaction (whose snapshot would hold the VACUUM back)."""
+"""The erasure VACUUM: after redactions and hard deletes, VACUUM the memory tables on an
+autocommit connection of its own, then stamp ``vacuumed_at`` on exactly the receipts whose
+old row versions it really removed — committed before it started, and it really ran and
+really removed them (docs/architecture/erasure.md)."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""``/memories``: a signed-in user's saved memories — the list with who saved
-each one, forget (soft delete), redact and restore behind a confirmation page that works
-without JS, and the erasure receipts those leave.
-
-Every rule is the service's (``memories.services``): this module parses the request, calls
-it with ``scopes=None`` (the owner on their own pages may do everything but a hard
-delete, which stays with API keys an administrator granted ``memory:hard_delete``),
-commits and renders. A refusal shows the service's own sentence with its status: 404
-alike for someone else's memory, an unknown one and a malformed id; 410 for one this
-owner hard-deleted; 409 when its state no longer allows the action.
-
-Memory ids are UUIDs in the path (``/memories/<id>/forget``). The forms post to that same
-address; ``/memories/forget`` and ``/memories/restore`` (id in the form field
-``memory_id``) are the same views under an address with no argument, as
-``orbitpilot.end`` has, so every endpoint can be built without one."""
+"""``/memories``: a signed-in user's saved memories — the list, forget (soft delete), redact
+and restore behind a confirmation page that works without JS, and the erasure receipts.
+The rules are the service's (called with ``scopes=None``: everything but a hard delete);
+a refusal shows its sentence with its status. ``/memories/forget`` and ``/restore`` take
+the id from the form, so every endpoint can be built without an argument."""
 
 from __future__ import annotations
 

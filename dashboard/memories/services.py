@@ -1,14 +1,7 @@
-"""Saved memories: save, change, forget (soft delete, redact, hard delete),
-restore, list, recall, export — the rules, whoever calls them (the API, the user's pages).
-
-Forgetting is immediate and race-free: the memory's chunks go in the forget's own
-transaction, under the same per-user lock a build holds for its whole transaction
-(``lock_user``). A build that started first finishes before the forget runs, and the
-forget deletes what it wrote; one that starts after waits, then reads the memory as
-forgotten. Recall stops at the forget's commit, with no build in between.
-
-Every forget and restore leaves a marker (the erasure receipt: states, counts, the audit
-event) and an audit event; neither holds content, replacement text or metadata."""
+"""Saved memories: save, change, forget (soft delete, redact, hard delete), restore, list,
+recall, export — the rules, whoever calls them (the API, the user's pages). A forget
+takes the chunks away at once under the build lock (``memory.forget_chunks``) and leaves a
+marker and an audit event without content (docs/architecture/erasure.md)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,17 @@
-"""Embedders behind one interface. The model's name is stored on every chunk, so switching
-embedders makes the next build re-embed.
-
-- ``hashing``: feature hashing of words and word pairs into 384 dimensions, L2-normalised.
-  Deterministic, no download, ~18,000 texts per second: the default.
-- ``minilm``: the packaged all-MiniLM-L6-v2 (extra ``ml``), loaded offline from
-  site-packages, once per process: a worker loads it before it forks its work horses
-  (``preload_embedder``), which inherit it. Tuned for small machines by measurement (see
-  docs/ARCHITECTURE.md): one torch thread per available CPU (2 threads: ~115 texts/s, 1:
-  ~60), OpenMP threads that wait passively (spinning ones collapsed to 15-40 texts/s
-  whenever another process had the other core; passive ones kept ~60), batches of 32 texts
-  sorted by length (sentence-transformers sorts).
-"""
+"""Embedders behind one interface (``EMBEDDER``: ``hashing``, ``minilm``, or ``module:Class``).
+The model's name is stored on every chunk, so switching makes the next build re-embed.
+MiniLM loads offline, once per worker before it forks (``preload_embedder``); its tuning
+is measured in docs/architecture/retrieval.md."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import re
 import threading
 import zlib
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -160,20 +153,36 @@ _LOCK = threading.Lock()
 _FACTORIES = {"hashing": HashingEmbedder, "minilm": MiniLMEmbedder}
 
 
+def _factory(setting: str) -> Callable[[], Embedder]:
+    """The class an ``EMBEDDER`` setting names: "hashing", "minilm", or "module:Class" (an
+    embedder of one's own: the interface above)."""
+    if setting in _FACTORIES:
+        return _FACTORIES[setting]
+    module, _, attribute = setting.partition(":")
+    if module and attribute:
+        try:
+            return getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError):
+            pass
+    raise ValueError(f"unknown EMBEDDER {setting!r}; choose one of: {', '.join(_FACTORIES)}, "
+                     "or module:Class")
+
+
 def embedder_model_name(setting: str) -> str:
     """The model name chunks are stored under for an ``EMBEDDER`` setting ("hashing" →
     "hashing-v1"), read off the class: a page must never load a model to learn its name."""
-    factory = _FACTORIES.get(setting)
-    return factory.name if factory is not None else setting
+    try:
+        return _factory(setting).name
+    except ValueError:
+        return setting
 
 
 def get_embedder(name: str) -> Embedder:
     """One instance per process (the model loads once)."""
-    if name not in _FACTORIES:
-        raise ValueError(f"unknown EMBEDDER {name!r}; choose one of: {', '.join(_FACTORIES)}")
+    factory = _factory(name)
     with _LOCK:
         if name not in _EMBEDDERS:
-            _EMBEDDERS[name] = _FACTORIES[name]()
+            _EMBEDDERS[name] = factory()
         return _EMBEDDERS[name]
 
 

@@ -1,23 +1,7 @@
-"""``run_memory_build``: the replace semantics, inside the caller's transaction.
-
-quick: delete every stored chunk whose key is not in the fresh extraction (or that was
-       embedded by another model), embed and insert only new keys, keep the rest. What
-       it compares is what the dry run compares (``compare_for_quick``): from the note of
-       the last build (``MemoryState``), chat history is re-read only for the
-       conversations a transaction that build could not see wrote; without a note,
-       everything is compared.
-full:  compare everything afresh; delete every chunk of the user and insert the fresh
-       extraction, reusing the stored embedding of any chunk whose key and model are
-       unchanged (copied inside the server). A user whose chunks are in the HNSW index
-       keeps unchanged rows in place instead: replacing them would re-insert every one
-       into the graph (~2.5 ms a row here) for the same content.
-
-Each build leaves every row of the user flagged ``ann`` (in the partial HNSW index) when
-the user ends with at least ANN_MIN_CHUNKS chunks, and unflagged otherwise; the build
-that crosses the threshold flips the rows it keeps.
-
-The caller commits: the whole swap is one transaction, so a failed build leaves the
-previous chunks exactly as they were."""
+"""``run_memory_build`` and its dry run: extract, chunk, key, then a quick diff (only what
+changed since the last build's note, ``MemoryState``) or a full swap, written by COPY in
+the caller's transaction — a failed build leaves the previous chunks as they were. Each
+build leaves the user's rows ``ann`` or not. docs/architecture/builds.md says why."""
 
 from __future__ import annotations
 

@@ -1,17 +1,7 @@
-"""Retrieval: top-k memory chunks of one user by cosine distance.
-
-An HNSW index filtered to one user post-filters: among millions of chunks it can return
-3 of 10 (measured: under 1 of 10 at 100 users). So the index holds only the rows of
-users with at least ANN_MIN_CHUNKS chunks (``ann``, kept by the builds), and the path
-follows that flag:
-
-- a user whose rows are not ``ann``: an exact scan over the btree on ``user_id`` (always
-  min(k, owned) rows, in exact order; measured p95 ~4 ms at 1,000 chunks per user among
-  1,000,000);
-- a user whose rows are: the partial HNSW index (``WHERE user_id = … AND ann``) with
-  pgvector 0.8's iterative scan in strict order, at an ``ef_search`` measured to give
-  recall@10 >= 0.95 against the exact answer, topped up by the exact scan if it still
-  comes back short."""
+"""Retrieval: the top k chunks of one user by cosine distance. A user below ANN_MIN_CHUNKS
+gets an exact scan (always min(k, owned) rows, in exact order); a user whose rows are
+``ann`` the partial HNSW index with iterative scans, topped up exactly if it comes back
+short (docs/architecture/retrieval.md)."""
 
 from __future__ import annotations
 

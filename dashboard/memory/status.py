@@ -1,15 +1,7 @@
-"""The Memory Status page's reads: what a signed-in user's memory holds, why, and
-what the next build will change.
-
-Content-free by construction: every query here selects ids, states, counts and times,
-never a content column, and the dry run of the next build (``preview_memory_build``)
-returns counts only, so the page cannot show what it was never given.
-
-The query count is fixed: one grouped count of chunks, one statement for the builds
-(however many the user has), one count of flagged messages, plus the dry run (its plan,
-one query per included source, the stored keys). The plan comes in as a resolution the
-request already made, so the page and the chat notice share it.
-"""
+"""The Memory Status page's reads: what a signed-in user's memory holds, why, and what the
+next build will change. Content-free by construction (ids, states, counts and times; the
+dry run returns counts), in a fixed number of queries; the plan comes in as the
+resolution the request already made, shared with the chat notice."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""What answers in the chat: a pluggable responder (config ``ORBITPILOT_RESPONDER``).
-
-A responder is any callable taking a ``ResponderContext`` and returning a ``Reply``; the
-setting names it by dotted path (``package.module.name`` or ``package.module:name``; a
-class is instantiated once, without arguments). The built-in one needs no network and no
-model: it answers from the current conversation and the memory hits it was handed, and
-says plainly what it drew on, deterministically, so tests can assert its words.
-
-The context holds EVERY turn of the current conversation, the ones marked "Not
-remembered" included (OrbitPilot keeps following the conversation; the flag
-only keeps a turn out of long-term memory).
-"""
+"""What answers in the chat: a responder is any callable taking a ``ResponderContext`` and
+returning a ``Reply``, named by ``ORBITPILOT_RESPONDER`` (a dotted path; a class is made
+once). The context holds every turn of the conversation, those marked "Not remembered"
+too. The built-in one needs no network or model and says what it drew on."""
 
 from __future__ import annotations
 

@@ -1,14 +1,7 @@
-"""The support explorer's reads: why a user's source is or is not remembered, and
-what each plan's cap evicts.
-
-Read-only, and content-free by construction: every query here selects ids, emails,
-states, counts and timestamps — never a column that holds content (message, Blink,
-memory, document or profile text, conversation titles, display names) — so no template
-can leak what it was never given.
-
-Query budgets are fixed, not per row: the trace is a handful of queries whatever the
-user's build history, the plan report a handful whatever the number of plans.
-"""
+"""The support explorer's reads: why a user's source is or is not remembered, and what each
+plan's cap evicts. Read-only and content-free by construction (ids, emails, states,
+counts, times — never a content column), in a fixed number of queries whatever the
+user's history or the number of plans."""
 
 from __future__ import annotations
 

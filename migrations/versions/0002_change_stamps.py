@@ -7,9 +7,6 @@
 - memory_builds.inputs_read_at, and two new build triggers;
 - maintenance_leases: one run per interval across all workers;
 - plan names unique regardless of case.
-
-Revision ID: 0002
-Revises: 0001
 """
 from alembic import op
 import sqlalchemy as sa

@@ -4,9 +4,6 @@ The audit view lists events by ``seq`` descending, filtered by action, actor, ow
 target, mode or date; each filter gets an index ending in ``seq`` so a page is an index
 range read, whatever the log's size. Checkpoints refuse UPDATE, DELETE and TRUNCATE like
 the events they vouch for.
-
-Revision ID: 0003
-Revises: 0002
 """
 from alembic import op
 

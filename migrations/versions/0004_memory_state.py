@@ -7,9 +7,6 @@
   the conversation's messages is inserted, updated or deleted (by any path) with the time
   and the writing transaction, so the dry run re-reads only the conversations a build may
   not have seen: those written by a transaction not finished when it read its inputs.
-
-Revision ID: 0004
-Revises: 0003
 """
 from alembic import op
 import sqlalchemy as sa

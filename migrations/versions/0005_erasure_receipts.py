@@ -2,9 +2,6 @@
 memory tables were vacuumed after it (dead row versions gone from the table and its
 indexes). (A memory's chunks are found through uq_memory_chunks_key, which starts with
 user_id, source_key, source_id.)
-
-Revision ID: 0005
-Revises: 0004
 """
 import sqlalchemy as sa
 from alembic import op

@@ -9,9 +9,6 @@ for COPY alone); only the rows of users large enough to need it pay that now.
 Rows of users already at the default threshold (50,000) are flagged before the index is
 built, so the index is built once in bulk. The next build of each user applies the
 configured threshold.
-
-Revision ID: 0006
-Revises: 0005
 """
 import sqlalchemy as sa
 from alembic import op

@@ -1,15 +1,9 @@
-"""Schemathesis over every operation of ``/v1/openapi.json`` (issue 9): generated requests,
-sent with a real key that holds every scope (memory:hard_delete granted by an admin), never
-meet a 5xx, and each answer's status, content type and body are the ones the document
-declares for that operation.
-
-The app answers through its real session, so the owner, their key and memories are
-committed rows, deleted afterwards. Path ids are mostly real ones (random uuids would only
-ever meet a 404). Generation is derandomized and bounded, so CI sees the same cases.
-
-Each operation is its own pytest test driving schemathesis' strategies with Hypothesis
-directly: schemathesis' own pytest loader (``schemathesis.pytest.from_fixture``) sets
-``node._nodeid``, which pytest 9.2 no longer has."""
+"""Schemathesis over every operation of ``/v1/openapi.json``: generated requests, sent with a
+real key holding every scope, never meet a 5xx, and each answer's status, content type and
+body are the ones the document declares. The owner, their key and memories are committed
+rows (deleted afterwards); generation is derandomized and bounded, so CI sees the same
+cases. Each operation is its own test driving schemathesis' strategies with Hypothesis
+(schemathesis' pytest loader needs a ``node._nodeid`` pytest 9.2 no longer has)."""
 
 from __future__ import annotations
 

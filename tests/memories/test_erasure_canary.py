@@ -1,17 +1,9 @@
-"""Erasure leaves nothing behind (redact / hard delete, "no audit event, marker, log
-line or job argument ever contains content").
-
-A memory whose content, metadata (a key and a value) and earlier version carry a unique
-canary is saved, changed, built into chunks, then redacted or hard-deleted — all
-committed, through the real build runner. Afterwards the canary is in no column of any
-table: the scan reads every text, varchar, char, array, json and jsonb column of every
-table in the public schema from the catalogue, so a table added later is covered without
-touching this test. It is in no log record of the whole scenario (root logger at DEBUG)
-and in no job pushed to the build queue either.
-
-Replacement text is not content of the memory: a second canary given as
-``replacement_content`` may be in ``memories.content`` and nowhere else (markers, audit
-events, versions, chunks, logs, jobs), and it goes too once the memory is hard-deleted."""
+"""Erasure leaves nothing behind: a memory whose content, metadata and earlier version carry
+a unique canary is saved, changed, built, then redacted or hard-deleted — all committed,
+through the real runner. Afterwards the canary is in no text, char, array or json column
+of any table (read from the catalogue, so a table added later is covered), in no log
+record (root logger at DEBUG) and in no queued job. A second canary given as replacement
+text may be in ``memories.content`` and nowhere else, and goes with a hard delete."""
 
 from __future__ import annotations
 

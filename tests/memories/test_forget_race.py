@@ -25,7 +25,7 @@ from dashboard.memories.services import (
 from dashboard.memory import MemoryBuild, MemoryChunk, get_embedder, locks, request_build
 from dashboard.memory.locks import BUILD_LOCK_NAMESPACE
 from dashboard.sources import SAVED
-from tests.factories import ALL_SCOPES, make_memory
+from tests.factories import ALL_SCOPES, PausedEmbedder, make_memory
 from tests.memories.helpers import (
     backend_pid,
     markers_of,
@@ -39,24 +39,6 @@ SECRET = "Keeps the spare house key under the blue flowerpot."
 KEPT = "Takes the early train to Utrecht on Mondays."
 ACTOR = Actor("api_key", "1")
 JOIN = 60
-
-
-class PausedEmbedder:
-    """The first ``embed`` call — a build that has read its inputs — waits for
-    ``release``; the build holds its user's lock, mid-transaction, meanwhile."""
-
-    def __init__(self) -> None:
-        inner = get_embedder("hashing")
-        self.inner, self.name, self.dimensions = inner, inner.name, inner.dimensions
-        self.reading, self.release = threading.Event(), threading.Event()
-        self.texts: list[str] = []
-
-    def embed(self, texts):
-        if not self.reading.is_set():
-            self.texts.extend(texts)
-            self.reading.set()
-            self.release.wait(JOIN)
-        return self.inner.embed(texts)
 
 
 def queued_build_id(session, user_id: int) -> int:
@@ -109,7 +91,7 @@ def test_a_forget_issued_while_a_build_runs_leaves_no_chunk_after_the_build_comm
         app, committed, queue, mode):
     user, secret_id, kept_id, build_id = saved_pair(committed)
     queue.empty()
-    embedder = PausedEmbedder()
+    embedder = PausedEmbedder(hold=JOIN)
     built: list[str] = []
     forgot: dict[str, Any] = {}
     started = threading.Event()

@@ -30,6 +30,7 @@ from dashboard.sources import CHAT_HISTORY
 from tests.conftest import csrf_from
 from tests.factories import (
     PASSWORD,
+    PausedEmbedder,
     default_plan,
     make_conversation,
     make_plan,
@@ -281,30 +282,23 @@ def test_a_message_flagged_during_a_running_build_is_excluded_by_the_build_that_
     committed.session.commit()
     queue.empty()
 
-    read, release = threading.Event(), threading.Event()
-
-    class Paused(HashingEmbedder):
-        def embed(self, texts):
-            read.set()  # the build has read its inputs
-            release.wait(30)
-            return super().embed(texts)
-
+    paused = PausedEmbedder(hold=30)
     outcome: list[str] = []
 
     def run_first() -> None:
         with app.app_context():
-            outcome.append(run_build(first.build_id, embedder=Paused()))
+            outcome.append(run_build(first.build_id, embedder=paused))
 
     runner = threading.Thread(target=run_first)
     runner.start()
     try:
-        assert read.wait(30)
+        assert paused.reading.wait(30)  # the build has read its inputs
         with app.app_context():
             db.session.get(Message, flagged_id).not_remembered = True
             db.session.commit()
             db.session.remove()
     finally:
-        release.set()
+        paused.release.set()
         runner.join(60)
     assert outcome == ["succeeded"]
 

@@ -187,14 +187,25 @@ def test_a_user_above_the_threshold_takes_the_partial_hnsw_index_and_gets_k_rows
 
 def test_an_approximate_path_that_comes_back_short_is_topped_up_exactly(db_session,
                                                                         monkeypatch):
+    """The approximate path made to answer nothing: the exact scan fills in k rows, the
+    exact top k of the user's own (40 rows in the index; the crowd's, outside it, never
+    come back)."""
     from dashboard.memory import search
 
     rng = np.random.default_rng(13)
-    big = user_among_a_crowd(db_session, rng, chunks=40, ann=True)
+    crowd = make_user(db_session)
+    _random_chunks(db_session, crowd.id, 200, rng)
+    big = make_user(db_session)
+    _random_chunks(db_session, big.id, 40, rng, offset=10_000, ann=True)
+    db_session.flush()
     monkeypatch.setattr(search, "_hnsw", lambda *args: [])
-    hits = search_memory(db_session, big.id, "anything", 10, embedder=RandomQuery(rng))
-    assert len(hits) == 10
-    assert [h.distance for h in hits] == sorted(h.distance for h in hits)
+    query = RandomQuery(np.random.default_rng(17))
+    hits = search_memory(db_session, big.id, "anything", 10, embedder=query)
+    vector = RandomQuery(np.random.default_rng(17)).embed(["q"])[0]
+    rows = db_session.execute(select(MemoryChunk.content, MemoryChunk.embedding)
+                              .where(MemoryChunk.user_id == big.id)).all()
+    distances = {content: 1 - float(np.dot(embedding, vector)) for content, embedding in rows}
+    assert [h.content for h in hits] == sorted(distances, key=distances.get)[:10]
 
 
 def test_k_is_clamped_and_other_users_are_never_returned(db_session):

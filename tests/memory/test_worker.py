@@ -18,14 +18,14 @@ from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.memory.requests import request_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.queues import build_queue
-from tests.factories import make_conversation
+from tests.factories import GATE_VARIABLE, make_conversation
 from tests.workers import run_build
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "CANARY-7f3a-do-not-leak"
 
 
-def worker_env(app) -> dict[str, str]:
+def worker_env(app, gate: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         FLASK_APP="wsgi.py",
@@ -35,13 +35,16 @@ def worker_env(app) -> dict[str, str]:
         BUILD_HEARTBEAT_SECONDS="0.2",
         EMBEDDER="hashing",
     )
+    if gate is not None:  # its builds wait, "running", until the test opens the gate
+        env.update(EMBEDDER="tests.factories:GatedEmbedder", **{GATE_VARIABLE: str(gate)})
     return env
 
 
-def start_worker(app, *args: str) -> subprocess.Popen:
+def start_worker(app, *args: str, gate: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "flask", "worker", *args], cwd=ROOT, env=worker_env(app),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        [sys.executable, "-m", "flask", "worker", *args], cwd=ROOT,
+        env=worker_env(app, gate), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
     )
 
 
@@ -119,24 +122,29 @@ def test_a_real_worker_runs_the_build_with_ids_only_and_no_content_in_logs(
     assert CANARY not in repr(row.resolution) + repr(row.source_counts) + (row.error or "")
 
 
-def test_two_workers_never_interleave_builds_of_one_user(app, committed, queue):
-    user = chat_user(committed, pairs=4000)
+def test_two_workers_never_interleave_builds_of_one_user(app, committed, queue, tmp_path):
+    user = chat_user(committed, pairs=3)
+    gate = tmp_path / "gate"
     first = request_build(committed.session, user.id, mode="full")
     committed.session.commit()
-    worker_a = start_worker(app, "--burst")
-    wait_for_status(committed.session, first.build_id, {"running", "succeeded"})
-    worker_b = start_worker(app, "--burst")
+    worker_a = start_worker(app, "--burst", gate=gate)
+    wait_for_status(committed.session, first.build_id, {"running"})
+    worker_b = start_worker(app, "--burst", gate=gate)
     time.sleep(0.3)  # B is waiting on the queue before the second request exists
     second = request_build(committed.session, user.id, mode="full")
     committed.session.commit()
     assert second.build_id != first.build_id  # the first is running: this one queues
+    # B has the second build's job and waits for the user's lock, which A holds.
+    wait_for_status(committed.session, first.build_id, {"running"})
+    assert build_row(committed.session, second.build_id).status == "queued"
+    gate.touch()
     outputs = finish(worker_a) + finish(worker_b)
 
     a, b = build_row(committed.session, first.build_id), build_row(committed.session,
                                                                    second.build_id)
     assert (a.status, b.status) == ("succeeded", "succeeded"), outputs
     assert b.started_at >= a.finished_at  # B waited for A's swap to commit
-    assert chunk_count(committed.session, user.id) == 4001
+    assert chunk_count(committed.session, user.id) == 4
     # The stored set is exactly one build's worth: a quick update finds nothing to do.
     check = requested_here(committed, queue, user.id)
     with app.app_context():
@@ -169,11 +177,11 @@ def test_an_exception_mid_build_leaves_previous_chunks_and_a_failed_record(app, 
 
 
 def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, committed,
-                                                                          queue):
-    user = chat_user(committed, pairs=6000)
+                                                                          queue, tmp_path):
+    user = chat_user(committed, pairs=3)
     first = request_build(committed.session, user.id, mode="full")
     committed.session.commit()
-    worker = start_worker(app, "--burst")
+    worker = start_worker(app, "--burst", gate=tmp_path / "never")
     wait_for_status(committed.session, first.build_id, {"running"})
     # RQ puts its work horse in a session of its own, so kill both by pid: no process is
     # left to notice, only the missing heartbeat tells.
@@ -195,14 +203,14 @@ def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, c
     committed.session.commit()
     output = finish(start_worker(app, "--burst"))
     assert build_row(committed.session, again.build_id).status == "succeeded", output
-    assert chunk_count(committed.session, user.id) == 6001
+    assert chunk_count(committed.session, user.id) == 4
 
 
-def test_a_killed_work_horse_is_recorded_by_the_worker(app, committed, queue):
-    user = chat_user(committed, pairs=6000)
+def test_a_killed_work_horse_is_recorded_by_the_worker(app, committed, queue, tmp_path):
+    user = chat_user(committed, pairs=3)
     request = request_build(committed.session, user.id, mode="full")
     committed.session.commit()
-    worker = start_worker(app, "--burst")
+    worker = start_worker(app, "--burst", gate=tmp_path / "never")
     row = wait_for_status(committed.session, request.build_id, {"running"})
     assert row is not None
     horse_pids = work_horses(worker.pid)
