@@ -126,9 +126,7 @@ def make_user(app, pairs: int) -> int:
 
 def first_build(app, user_id: int) -> None:
     """One real build, requested and run the way a worker runs it."""
-    from dashboard.memory.models import MemoryBuild
-    from dashboard.memory.requests import request_build
-    from dashboard.memory.runner import execute_build
+    from dashboard.memory import MemoryBuild, execute_build, request_build, settings_from
     from dashboard.queues import build_queue
 
     started = time.perf_counter()
@@ -136,7 +134,7 @@ def first_build(app, user_id: int) -> None:
         request = request_build(db.session, user_id, mode="full", trigger="admin")
         db.session.commit()
         build_queue().rq().empty()  # run here, not by whatever worker listens
-        status = execute_build(request.build_id)
+        status = execute_build(db.engine, request.build_id, settings=settings_from(app.config))
         build = db.session.get(MemoryBuild, request.build_id)
         print(f"first build: {status} in {time.perf_counter() - started:,.1f} s, "
               f"added {build.added:,} chunks")

@@ -10,8 +10,10 @@ import secrets
 from typing import Any
 from urllib.parse import parse_qsl
 
-from flask import Flask, abort, request
+from flask import Flask, abort, current_app, request
+from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from dashboard.auth.services import normalise_email
 
@@ -130,17 +132,12 @@ def failed_signin(response: Any) -> bool:
     return response.status_code != 302
 
 
-def get_limiter(app: Flask | None = None):
-    from flask import current_app
-
+def get_limiter(app: Flask | None = None) -> Limiter:
     return (app or current_app).extensions["orbitpilot.limiter"]
 
 
 def init_security(app: Flask) -> None:
     """After the blueprints: the sign-in view is wrapped with its limits here."""
-    from flask_limiter import Limiter
-    from werkzeug.middleware.proxy_fix import ProxyFix
-
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:  # the client's own address, not the proxy's, for throttling and logs
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)

