@@ -20,7 +20,7 @@ BLUEPRINTS = {"dashboard.memory.views"}
 APP_FACTORY = "dashboard.app"
 # The edge: modules that speak HTTP, forms, the CLI or the process; everything else under
 # dashboard/ is a service (or a model) and must not import a web framework or the edge.
-EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "api", "web", "forms",
+EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "api", "openapi", "web", "forms",
               "decorators", "binding"}
 EDGE_MODULES = {"dashboard", "dashboard.app", "dashboard.cli", "dashboard.errors",
                 "dashboard.extensions", "dashboard.forms", "dashboard.queues",

@@ -19,9 +19,10 @@ from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
 from dashboard.memories import services
-from dashboard.memories.api import HEADER, KEY_IN_URL, PROBLEM
+from dashboard.memories.api import KEY_IN_URL
 from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
 from dashboard.memories.models import ApiKey, Memory
+from dashboard.memories.openapi import HEADER, PROBLEM
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import resolve_build_sources
 from dashboard.security import TOO_DEEP

@@ -26,8 +26,8 @@ from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.extensions import db
 from dashboard.memories import services
-from dashboard.memories.api import HEADER
 from dashboard.memories.keys import create_key, grant_hard_delete
+from dashboard.memories.openapi import HEADER
 from tests.factories import make_user
 
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
