@@ -392,7 +392,7 @@ def test_a_valkey_that_stopped_answering_is_replaced_not_duplicated(tmp_path):
     root = tmp_path / "services"
     first = EmbeddedServices(root)
     first.ensure(postgres=False)
-    frozen = first._valkey_pid()
+    frozen = first.valkey.pid()
     os.kill(frozen, signal.SIGSTOP)  # alive, but answers nothing
 
     class Impatient(EmbeddedServices):
