@@ -9,15 +9,16 @@ from pathlib import Path
 
 import psutil
 
+from dashboard.embedded import EmbeddedServices
+
 
 def servers_of(root: Path, name: str | None = None) -> list[psutil.Process]:
     """Live processes whose command line names a path under ``root`` or the socket
     folder of ``root`` (or of ``root/services``, for an instance folder): the postmaster,
     valkey-server (its title names its socket), initdb. Optionally only program ``name``."""
-    from dashboard.embedded import _socket_dir_for
-
     root = Path(root).resolve()
-    paths = {str(root), str(_socket_dir_for(root)), str(_socket_dir_for(root / "services"))}
+    paths = {str(root), str(EmbeddedServices(root).socket_dir),
+             str(EmbeddedServices(root / "services").socket_dir)}
     found = []
     for proc in psutil.process_iter(["cmdline", "name", "status"]):
         try:
