@@ -5,7 +5,8 @@ chat history off for the default plan "Free", reads the impact preview, confirms
 matrix with the new row, and finds the change in the audit log — every page under the real
 Content-Security-Policy, the console read after each step (``page``: conftest.py).
 
-Along the way the browser saves the pictures of ``docs/screenshots/staff-*.png``.
+Along the way the browser saves the pictures of ``docs/screenshots/staff-*.png`` (into
+pytest's temporary directory, or ``$ORBITPILOT_SCREENSHOTS``: conftest.py).
 
 The live server has its own connections: everything this test sets up is committed, and
 removed afterwards — except the audit events, which are append-only by design (the
