@@ -9,6 +9,7 @@ TEST_REDIS_URL point the suite at external ones instead.
 from __future__ import annotations
 
 import os
+import random
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +40,25 @@ def pytest_runtest_makereport(item, call):
     if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (CI=true), which counts as a failure: {report.longrepr}"
+
+
+# -- the URL walk's options (tests/test_url_walk.py) ----------------------------------------
+
+def pytest_addoption(parser):
+    group = parser.getgroup("url walk", "tests/test_url_walk.py")
+    group.addoption("--full-walk", action="store_true",
+                    help="the URL walk sends every malformed case, not a sample of them")
+    group.addoption("--walk-seed", type=int, metavar="N",
+                    default=random.SystemRandom().randrange(1, 1_000_000),
+                    help="the seed of the URL walk's sample, to replay a run "
+                         "(default: a fresh one each run)")
+
+
+def pytest_report_header(config):
+    if config.getoption("full_walk"):
+        return "url walk: every case (--full-walk)"
+    seed = config.getoption("walk_seed")
+    return f"url walk: a sample, seed {seed} (replay: --walk-seed {seed}; all: --full-walk)"
 
 
 def make_test_config(**overrides) -> dict:

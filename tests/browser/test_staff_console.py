@@ -1,16 +1,10 @@
-"""The staff console's assignment change, end to end in a real browser (headless Chromium).
-
-An admin signs in through the form, opens the Assignments page from the menu, switches
-chat history off for the default plan "Free", reads the impact preview, confirms, sees the
-matrix with the new row, and finds the change in the audit log — every page under the real
-Content-Security-Policy, the console read after each step (``page``: conftest.py).
-
-Along the way the browser saves the pictures of ``docs/screenshots/staff-*.png``.
-
-The live server has its own connections: everything this test sets up is committed, and
-removed afterwards — except the audit events, which are append-only by design (the
-assertions look only at events newer than a ``seq`` read before the change).
-"""
+"""The staff console's assignment change, end to end in headless Chromium: an admin signs in,
+opens Assignments from the menu, switches chat history off for "Free", reads the impact
+preview, confirms, sees the new row and finds the change in the audit log — every page
+under the real Content-Security-Policy, the console read after each step. Screenshots go
+to pytest's temporary directory (or ``$ORBITPILOT_SCREENSHOTS``). What the test sets up is
+committed and removed afterwards, except the append-only audit events (the assertions
+look only at events newer than a ``seq`` read before the change)."""
 
 from __future__ import annotations
 

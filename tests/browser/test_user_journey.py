@@ -2,7 +2,8 @@
 chat, the eye on one message (no reload; it persists), Catch, Memory Status showing that
 pair among the next build's removals, "update my memory now", the worker's build, its
 result on the page. Then the same toggle with JavaScript switched off, through the form.
-Screenshots of the chat, Memory Status and Blinks pages go to docs/screenshots/."""
+Screenshots of the chat, Memory Status and Blinks pages (those of docs/screenshots/) go to
+pytest's temporary directory, or to $ORBITPILOT_SCREENSHOTS (conftest.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy import select
 from dashboard.blinks.models import Blink
 from dashboard.memory import MemoryBuild
 from dashboard.orbitpilot.models import Message
-from tests.browser.conftest import Page, chromium
+from tests.browser.conftest import Page, chromium, screenshots_folder
 from tests.factories import builds_of
 from tests.workers import run_worker
 
@@ -124,13 +125,13 @@ def browser_without_js() -> Iterator:
 
 
 def test_the_eye_works_without_javascript(browser_without_js, base_url, committed,
-                                          traveller):
+                                          traveller, tmp_path_factory):
     from tests.factories import make_conversation
 
     _, messages = make_conversation(committed.session, traveller,
                                     [("A question", "An answer")])
     committed.session.commit()
-    page = Page(browser_without_js, base_url)
+    page = Page(browser_without_js, base_url, screenshots_folder(tmp_path_factory))
     page.sign_in(traveller.email)
     asked = messages[0]
     page.open(f"/orbitpilot/c/{asked.conversation_id}")

@@ -5,8 +5,6 @@ without Chromium, which fails in CI)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from sqlalchemy import select
 
@@ -17,8 +15,6 @@ from tests.factories import make_conversation
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
-
-SHOTS = os.environ.get("ORBITPILOT_SCREENSHOTS")  # a folder, to look at the pages
 
 
 @pytest.fixture
@@ -31,11 +27,6 @@ def chatter(committed):
         title="Lisbon")
     committed.session.commit()
     return user, conversation, messages
-
-
-def shot(page, name: str) -> None:
-    if SHOTS:
-        page.driver.save_screenshot(os.path.join(SHOTS, name))
 
 
 def message_flag(committed, message_id: int) -> bool:
@@ -60,7 +51,7 @@ def test_the_eye_send_and_catch_work_without_a_reload(page, chatter, committed):
     flag = page.find(f'[data-message-id="{question.id}"] [data-op-flag]')
     assert flag.text == "Not remembered"
     assert message_flag(committed, question.id) is True
-    shot(page, "chat-flagged.png")
+    page.screenshot("chat-flagged.png")
 
     page.click(f'[data-message-id="{question.id}"] [data-op-action=remember] button')
     page.wait().until(lambda d: not d.find_element(
@@ -80,7 +71,7 @@ def test_the_eye_send_and_catch_work_without_a_reload(page, chatter, committed):
     assert committed.session.scalars(select(Blink).where(Blink.user_id == user.id)).one()
 
     assert page.driver.execute_script("return window.opMarker") == "same page"
-    shot(page, "chat.png")
+    page.screenshot("chat-caught.png")  # not docs/screenshots/chat.png: another page
     page.assert_no_violations()
 
 
@@ -96,7 +87,7 @@ def test_the_dock_sends_from_any_page(page, chatter):
     page.wait().until(lambda d: "Hello from the dock" in d.find_element(
         By.CSS_SELECTOR, "details[data-op-dock] [data-op-thread]").text)
     assert page.driver.execute_script("return window.opMarker") == "same page"
-    shot(page, "dock.png")
+    page.screenshot("dock.png")
     page.assert_no_violations()
 
 
@@ -108,5 +99,5 @@ def test_a_guest_chats_in_the_browser(page):
     box.send_keys(Keys.ENTER)
     page.wait().until(lambda d: len(d.find_elements(By.CSS_SELECTOR, ".op-msg")) == 2)
     assert page.driver.find_elements(By.CSS_SELECTOR, "[data-op-action]") == []
-    shot(page, "chat-guest.png")
+    page.screenshot("chat-guest.png")
     page.assert_no_violations()
