@@ -16,6 +16,8 @@ import pytest
 
 from tests.embedded.procs import listening_on, servers_of, wait_until
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

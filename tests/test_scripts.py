@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -9,6 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

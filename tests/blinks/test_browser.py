@@ -11,6 +11,8 @@ from dashboard.blinks.models import Blink
 from dashboard.blinks.services import EXCLUDED_LABEL, READS_LABEL
 from tests.browser.conftest import base_url, browser, live_app, page  # noqa: F401
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 EYE = "form[data-memory-toggle] button"
 
 

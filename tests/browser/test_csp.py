@@ -18,6 +18,8 @@ from sqlalchemy import select
 from dashboard.memory import MemoryBuild
 from dashboard.plans.models import Plan
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 # The browser, the live server and ``page`` (sign-in, console checks): conftest.py.
 
 

@@ -20,6 +20,8 @@ from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.sources import CHAT_HISTORY, SAVED
 from tests.factories import default_plan
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 MATRIX_PATH = "/admin/assignments/"
 AUDIT_PATH = "/admin/audit/"
 

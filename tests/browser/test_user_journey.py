@@ -22,6 +22,8 @@ from tests.workers import run_worker
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 CHAT = "orbitpilot.chat_history"
 
 

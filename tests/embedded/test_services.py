@@ -25,6 +25,8 @@ from dashboard.embedded import (
 )
 from tests.embedded.procs import CpuLoad, servers_of, wait_until
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -19,6 +19,8 @@ from tests.conftest import AuthActions, csrf_from
 from tests.orbitpilot import recording
 from tests.workers import run_worker
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 
 @pytest.fixture
 def connector(app, committed, queue, monkeypatch):

@@ -103,6 +103,7 @@ def chunk_count(session, user_id) -> int:
                           .where(MemoryChunk.user_id == user_id))
 
 
+@pytest.mark.processes
 def test_a_real_worker_runs_the_build_with_ids_only_and_no_content_in_logs(
         app, committed, queue):
     user = chat_user(committed, pairs=5)
@@ -122,6 +123,7 @@ def test_a_real_worker_runs_the_build_with_ids_only_and_no_content_in_logs(
     assert CANARY not in repr(row.resolution) + repr(row.source_counts) + (row.error or "")
 
 
+@pytest.mark.processes
 def test_two_workers_never_interleave_builds_of_one_user(app, committed, queue, tmp_path):
     user = chat_user(committed, pairs=3)
     gate = tmp_path / "gate"
@@ -176,6 +178,7 @@ def test_an_exception_mid_build_leaves_previous_chunks_and_a_failed_record(app, 
         assert run_build(third) == "succeeded"
 
 
+@pytest.mark.processes
 def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, committed,
                                                                           queue, tmp_path):
     user = chat_user(committed, pairs=3)
@@ -206,6 +209,7 @@ def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, c
     assert chunk_count(committed.session, user.id) == 4
 
 
+@pytest.mark.processes
 def test_a_killed_work_horse_is_recorded_by_the_worker(app, committed, queue, tmp_path):
     user = chat_user(committed, pairs=3)
     request = request_build(committed.session, user.id, mode="full")

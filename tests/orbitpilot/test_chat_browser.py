@@ -16,6 +16,8 @@ pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
 
 @pytest.fixture
 def chatter(committed):
