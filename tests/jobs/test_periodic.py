@@ -10,6 +10,7 @@ import uuid
 from datetime import timedelta
 
 import psutil
+import pytest
 from sqlalchemy import delete
 
 from dashboard.extensions import db
@@ -59,6 +60,7 @@ def test_two_workers_maintenance_passes_run_each_task_once(app):
     assert second == []
 
 
+@pytest.mark.processes
 def test_a_worker_forks_no_scheduler_and_still_moves_scheduled_retries(app, queue):
     # A job scheduled for later, as RQ's Retry does between attempts.
     job = queue.enqueue_in(timedelta(seconds=1), "jobs.builds.run_build", 2**31 - 7)
