@@ -10,12 +10,12 @@ from flask_limiter.errors import RateLimitExceeded
 from flask_wtf.csrf import CSRFError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
-from werkzeug.exceptions import HTTPException, InternalServerError
+from werkzeug.exceptions import ClientDisconnected, HTTPException, InternalServerError
 
 from dashboard.embedded import EmbeddedError
 from dashboard.extensions import db, login_manager
 from dashboard.refusals import Refusal
-from dashboard.security import get_limiter
+from dashboard.security import BODY_UNREADABLE, get_limiter
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,10 @@ def register_error_handlers(app: Flask) -> None:
         if wants_json():
             return problem(400, "CSRF token missing or invalid", detail)
         return render_template("error.html", code=400, title="Form expired", detail=detail), 400
+
+    @app.errorhandler(ClientDisconnected)
+    def unreadable_body(exc: ClientDisconnected):
+        return _page(400, "Bad Request", BODY_UNREADABLE)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

@@ -1,7 +1,7 @@
-"""What every request and response passes through: input PostgreSQL could not store is
-refused with a clear 400, every response carries the security headers (a CSP with a
-per-request nonce, which Flask-Admin's pages work under too), and sign-in is throttled
-per account and per client on the app's Redis."""
+"""What every request and response passes through: a body that cannot be read and input
+PostgreSQL could not store are refused with a clear 400, every response carries the
+security headers (a CSP with a per-request nonce, which Flask-Admin's pages work under
+too), and sign-in is throttled per account and per client on the app's Redis."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl
 from flask import Flask, abort, current_app, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
+from werkzeug.exceptions import ClientDisconnected
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from dashboard.auth.services import normalise_email
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or bytes "
               "that are not UTF-8). Remove them and try again.")
 TOO_DEEP = "The JSON body is nested too deeply to read."
+BODY_UNREADABLE = ("The request body could not be read: it ended early, or its chunked "
+                   "encoding is malformed. Nothing was changed; send it again.")
 
 
 # -- input ---------------------------------------------------------------------------------
@@ -68,6 +71,42 @@ def reject_unreadable_input() -> None:
         abort(400, TOO_DEEP)
     if any("\x00" in t for t in texts):
         abort(400, UNREADABLE)
+
+
+class ReadableInput:
+    """The server's ``wsgi.input``, whose every failure to read is werkzeug's
+    ``ClientDisconnected`` (a 400, errors.py). gunicorn raises parser errors of its own
+    for a malformed chunked body (werkzeug's server an OSError), which would be a 500."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _read(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._stream, method)(*args)
+        except Exception:
+            # Not chained: the server's message quotes the bytes that were sent.
+            raise ClientDisconnected() from None
+
+    def read(self, *args: Any) -> bytes:
+        return self._read("read", *args)
+
+    def readline(self, *args: Any) -> bytes:
+        return self._read("readline", *args)
+
+    def readlines(self, *args: Any) -> list[bytes]:
+        return self._read("readlines", *args)
+
+    def __iter__(self) -> Any:
+        return iter(self.readline, b"")
+
+
+def readable_input(wsgi_app: Any) -> Any:
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if "wsgi.input" in environ:
+            environ["wsgi.input"] = ReadableInput(environ["wsgi.input"])
+        return wsgi_app(environ, start_response)
+    return app
 
 
 # -- response headers -----------------------------------------------------------------------
@@ -138,6 +177,7 @@ def get_limiter(app: Flask | None = None) -> Limiter:
 
 def init_security(app: Flask) -> None:
     """After the blueprints: the sign-in view is wrapped with its limits here."""
+    app.wsgi_app = readable_input(app.wsgi_app)
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:  # the client's own address, not the proxy's, for throttling and logs
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)

@@ -3,19 +3,32 @@ pages work under, a clear 400 for input PostgreSQL cannot store, /healthz per co
 
 from __future__ import annotations
 
+import html
+import http.client
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
 from dashboard import create_app
 from dashboard.auth.models import User
+from dashboard.extensions import db
 from dashboard.plans.models import Plan
-from dashboard.security import TOO_DEEP, UNREADABLE
-from tests.conftest import csrf_from, make_test_config
+from dashboard.security import BODY_UNREADABLE, TOO_DEEP, UNREADABLE
+from tests.conftest import CSRF_RE, csrf_from, make_test_config
 from tests.factories import PASSWORD, make_plan, make_user
 
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
@@ -149,3 +162,140 @@ def test_a_database_outage_is_a_503_page_even_for_a_signed_in_user(app, committe
     assert response.status_code == 503
     page = response.get_data(as_text=True)
     assert "cannot reach its database" in page and "nobody" not in page
+
+
+# -- what only a real HTTP server hands the app ---------------------------------------------
+
+BROKEN_CHUNKS = b"ZZ\r\nxx"  # "ZZ" is no chunk size: the body cannot be read at all
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    text: str
+
+
+def send_raw(port: int, method: str, path: str, headers: dict[str, str],
+             body: bytes = b"") -> Answer:
+    """One request written exactly as given (no Host or Content-Length added), and the
+    answer, over a connection of its own."""
+    head = "".join(f"{name}: {value}\r\n" for name, value in
+                   {"Host": f"127.0.0.1:{port}", "Connection": "close", **headers}.items())
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(f"{method} {path} HTTP/1.1\r\n{head}\r\n".encode("latin-1") + body)
+        response = http.client.HTTPResponse(sock)
+        response.begin()
+        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()},
+                      response.read().decode("utf-8", "replace"))
+
+
+def guest_token(port: int) -> dict[str, str]:
+    """A guest's session cookie and CSRF token, as the sign-in page hands them out."""
+    page = send_raw(port, "GET", "/auth/signin", {})
+    assert page.status == 200, page.text
+    cookie = page.headers["set-cookie"].split(";", 1)[0]
+    return {"Cookie": cookie, "X-CSRFToken": CSRF_RE.search(page.text).group(1)}
+
+
+@pytest.fixture(scope="module")
+def werkzeug_port(app) -> Iterator[int]:
+    """The app behind werkzeug's own HTTP server, in a thread (no fixed SERVER_NAME, as
+    in production); under TESTING an exception escapes as the server's bare 500."""
+    from werkzeug.serving import make_server
+
+    live = create_app(make_test_config(SERVER_NAME=None))
+    server = make_server("127.0.0.1", 0, live, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_port
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
+        with live.app_context():
+            db.engine.dispose()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Gunicorn:
+    port: int
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def gunicorn(app, tmp_path_factory) -> Iterator[Gunicorn]:
+    """``wsgi:app`` under gunicorn as ``./scripts/run`` serves it (gthread workers, not
+    under TESTING), on the test database and Redis."""
+    instance = tmp_path_factory.mktemp("gunicorn-instance")
+    server = Gunicorn(free_port(), instance / "gunicorn.log")
+    env = {**os.environ, "DATABASE_URL": app.config["SQLALCHEMY_DATABASE_URI"],
+           "REDIS_URL": app.config["REDIS_URL"], "SECRET_KEY": app.config["SECRET_KEY"],
+           "ORBITPILOT_INSTANCE": str(instance)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{server.port}",
+         "--workers", "1", "--threads", "2", "--no-control-socket", "wsgi:app"],
+        cwd=PROJECT_ROOT, env=env, stdout=server.log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, server.output()
+            try:
+                if send_raw(server.port, "GET", "/healthz", {}).status == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, server.output()
+            time.sleep(0.2)
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+# Every kind of body a POST is read as: the input guard reads the first three itself.
+BODY_TYPES = ["application/x-www-form-urlencoded", "multipart/form-data; boundary=x",
+              "application/json"]
+CHUNKED_POSTS = ["/auth/signin", "/auth/signup", "/blinks/", "/v1/memories"]
+
+
+def assert_unreadable_body_refused(answer: Answer, path: str) -> None:
+    said = re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", answer.text)))[-300:]
+    assert (answer.status, BODY_UNREADABLE in said) == (400, True), (path, answer.status, said)
+    if path.startswith("/v1/"):
+        assert answer.headers["content-type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize("content_type", BODY_TYPES)
+def test_a_malformed_chunked_body_is_a_clear_400_behind_werkzeug(werkzeug_port,
+                                                                 content_type):
+    signin = {**guest_token(werkzeug_port), "Content-Type": content_type,
+              "Transfer-Encoding": "chunked"}
+    for path in CHUNKED_POSTS:
+        answer = send_raw(werkzeug_port, "POST", path, signin, BROKEN_CHUNKS)
+        assert_unreadable_body_refused(answer, path)
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("content_type", BODY_TYPES)
+def test_a_malformed_chunked_body_is_a_clear_400_behind_gunicorn(gunicorn, content_type):
+    signin = {**guest_token(gunicorn.port), "Content-Type": content_type,
+              "Transfer-Encoding": "chunked"}
+    for path in CHUNKED_POSTS:
+        answer = send_raw(gunicorn.port, "POST", path, signin, BROKEN_CHUNKS)
+        assert_unreadable_body_refused(answer, path)
+    # Without a body type nothing reads the body: the form is refused as incomplete.
+    answer = send_raw(gunicorn.port, "POST", "/auth/signin",
+                      {**signin, "Content-Type": "text/plain"}, BROKEN_CHUNKS)
+    assert answer.status == 400, answer.text[-500:]
+    assert "Traceback" not in gunicorn.output() and "unhandled" not in gunicorn.output()
