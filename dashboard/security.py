@@ -6,6 +6,7 @@ too), and sign-in is throttled per account and per client on the app's Redis."""
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 from typing import Any
 from urllib.parse import parse_qsl
@@ -20,8 +21,9 @@ from dashboard.auth.services import normalise_email
 
 log = logging.getLogger(__name__)
 
-UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or bytes "
-              "that are not UTF-8). Remove them and try again.")
+UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or text "
+              "that is not UTF-8: stray bytes, or half of a surrogate pair). Remove them "
+              "and try again.")
 TOO_DEEP = "The JSON body is nested too deeply to read."
 BODY_UNREADABLE = ("The request body could not be read: it ended early, or its chunked "
                    "encoding is malformed. Nothing was changed; send it again.")
@@ -36,18 +38,24 @@ def _strict_pairs(raw: bytes) -> list[tuple[str, str]]:
                      errors="strict")
 
 
-def _has_nul(value: Any) -> bool:
+# NUL, and the halves of a surrogate pair: a JSON escape ("\ud800") can spell one alone,
+# which is a Python string but no UTF-8 can hold (nor PostgreSQL, nor a page showing it).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable(value: Any) -> bool:
     if isinstance(value, str):
-        return "\x00" in value
+        return _UNSTORABLE.search(value) is not None
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
     if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+        return any(_unstorable(v) for v in value)
     return False
 
 
 def reject_unreadable_input() -> None:
-    """400 for a NUL byte or undecodable bytes anywhere a view could read them."""
+    """400 for a NUL byte, undecodable bytes or a lone surrogate anywhere a view could
+    read them."""
     try:
         # PATH_INFO is the raw path as latin-1 (PEP 3333): it must be UTF-8 underneath.
         texts: list[str] = [request.environ.get("PATH_INFO", "").encode("latin-1")
@@ -63,7 +71,7 @@ def reject_unreadable_input() -> None:
             texts += [f.filename or "" for f in request.files.values()]
             if any("\ufffd" in t for t in texts):
                 abort(400, UNREADABLE)
-        elif request.is_json and _has_nul(request.get_json(silent=True)):
+        elif request.is_json and _unstorable(request.get_json(silent=True)):
             abort(400, UNREADABLE)
     except (UnicodeDecodeError, ValueError):
         abort(400, UNREADABLE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import http.client
 import json
+import logging
 import os
 import re
 import socket
@@ -22,7 +23,9 @@ from sqlalchemy import func, select
 
 from dashboard import create_app
 from dashboard.auth.models import User
+from dashboard.blinks.models import Blink
 from dashboard.extensions import db
+from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.models import Plan
 from dashboard.security import BODY_UNREADABLE, TOO_DEEP, UNREADABLE
 from tests.conftest import CSRF_RE, csrf_from, make_test_config
@@ -102,6 +105,30 @@ def test_a_nul_in_json_is_refused_before_any_view_sees_it(client):
     response = client.post("/auth/signin", data=json.dumps({"email": "a\u0000b"}),
                            content_type="application/json")
     assert response.status_code == 400
+
+
+# A lone surrogate is valid JSON (an escape) and a valid Python string, but no UTF-8 can
+# hold it: PostgreSQL, and the page that would show it again, cannot take it.
+SURROGATE_BODIES = {
+    "/blinks/": '{"title": "\\ud800", "content": "half \\udc00 a pair"}',
+    "/profile/": '{"key": "city", "value": "\\ud800"}',
+    "/settings/keys/": '{"name": "\\ud800", "scopes": ["memory:read"]}',
+    "/documents/": '{"title": "\\ud800"}',
+    "/v1/memories": '{"content": "fine", "metadata": {"\\ud800": 1}}',
+}
+
+
+@pytest.mark.parametrize("path", SURROGATE_BODIES)
+def test_a_lone_surrogate_in_json_is_a_clear_400_and_changes_nothing(client, user, path,
+                                                                     db_session, caplog):
+    token = csrf_from(client, "/")
+    before = count(db_session, Blink), count(db_session, ProfileFact)
+    response = client.post(path, data=SURROGATE_BODIES[path], content_type="application/json",
+                           headers={"X-CSRFToken": token})
+    assert response.status_code == 400
+    assert UNREADABLE in html.unescape(response.get_data(as_text=True))
+    assert (count(db_session, Blink), count(db_session, ProfileFact)) == before
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_json_nested_past_the_parser_is_a_400_on_any_endpoint(client):
