@@ -5,13 +5,14 @@ too), and sign-in is throttled per account and per client on the app's Redis."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import secrets
 from typing import Any
 from urllib.parse import parse_qsl
 
-from flask import Flask, abort, current_app, request
+from flask import Flask, Response, abort, current_app, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from werkzeug.exceptions import ClientDisconnected
@@ -25,6 +26,8 @@ UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or
               "that is not UTF-8: stray bytes, or half of a surrogate pair). Remove them "
               "and try again.")
 TOO_DEEP = "The JSON body is nested too deeply to read."
+HOST_INVALID = ("The Host header of this request is not a valid host name (each part at most "
+                "63 characters, letters, digits and hyphens, then an optional port).")
 BODY_UNREADABLE = ("The request body could not be read: it ended early, or its chunked "
                    "encoding is malformed. Nothing was changed; send it again.")
 
@@ -117,6 +120,45 @@ def readable_input(wsgi_app: Any) -> Any:
     return app
 
 
+# A Host header as RFC 9110 has it and the URL map can bind: dot-separated labels of 1 to 63
+# characters (253 in all, an optional final dot; "_" for names like compose's "web_1"), or
+# an IPv6 address in brackets; then an optional port.
+_HOST = re.compile(r"(?:(?P<name>[A-Za-z0-9_-]{1,63}(?:\.[A-Za-z0-9_-]{1,63})*\.?)"
+                   r"|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+
+
+def valid_host(host: str) -> bool:
+    match = _HOST.fullmatch(host)
+    return match is not None and len(match["name"] or "") <= 253 \
+        and (match["port"] is None or 0 < int(match["port"]) <= 65535)
+
+
+def _host_refused(environ: dict[str, Any]) -> Response:
+    """The 400 for a bad Host: built here, as no page can be (url_for needs the host)."""
+    if environ.get("PATH_INFO", "").startswith("/v1"):
+        response = Response(json.dumps({"type": "about:blank", "title": "Bad Request",
+                                        "status": 400, "detail": HOST_INVALID}),
+                            400, mimetype="application/problem+json")
+    else:
+        response = Response(HOST_INVALID + "\n", 400, mimetype="text/plain")
+    response.headers.update(FIXED_HEADERS)
+    response.headers["Content-Security-Policy"] = "default-src 'none'; frame-ancestors 'none'"
+    return response
+
+
+def valid_hosts_only(wsgi_app: Any) -> Any:
+    """Refuse a Host header that is no host name (a label over 63 characters, say) before
+    Flask binds the URL map to it: werkzeug's BadHost would leave the request without a
+    URL adapter, and its error page would fail in turn. It checks what ProxyFix (as
+    TRUSTED_PROXIES sets it) hands on; an absent or empty Host is werkzeug's to handle."""
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        host = environ.get("HTTP_HOST")
+        if host and not valid_host(host):
+            return _host_refused(environ)(environ, start_response)
+        return wsgi_app(environ, start_response)
+    return app
+
+
 # -- response headers -----------------------------------------------------------------------
 
 def csp_nonce() -> str:
@@ -142,14 +184,20 @@ def content_security_policy(nonce: str) -> str:
     ])
 
 
+FIXED_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Permissions-Policy": "camera=(), microphone=(), geolocation=()",
+}
+
+
 def add_security_headers(response: Any) -> Any:
     headers = response.headers
     headers.setdefault("Content-Security-Policy", content_security_policy(csp_nonce()))
-    headers.setdefault("X-Frame-Options", "DENY")
-    headers.setdefault("X-Content-Type-Options", "nosniff")
-    headers.setdefault("Referrer-Policy", "same-origin")
-    headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
-    headers.setdefault("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
+    for name, value in FIXED_HEADERS.items():
+        headers.setdefault(name, value)
     if request.is_secure:
         headers.setdefault("Strict-Transport-Security", "max-age=31536000")
     return response
@@ -185,7 +233,8 @@ def get_limiter(app: Flask | None = None) -> Limiter:
 
 def init_security(app: Flask) -> None:
     """After the blueprints: the sign-in view is wrapped with its limits here."""
-    app.wsgi_app = readable_input(app.wsgi_app)
+    # Inside ProxyFix: they see the environ it hands on.
+    app.wsgi_app = valid_hosts_only(readable_input(app.wsgi_app))
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:  # the client's own address, not the proxy's, for throttling and logs
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)

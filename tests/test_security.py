@@ -27,7 +27,7 @@ from dashboard.blinks.models import Blink
 from dashboard.extensions import db
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.models import Plan
-from dashboard.security import BODY_UNREADABLE, TOO_DEEP, UNREADABLE
+from dashboard.security import BODY_UNREADABLE, HOST_INVALID, TOO_DEEP, UNREADABLE
 from tests.conftest import CSRF_RE, csrf_from, make_test_config
 from tests.factories import PASSWORD, make_plan, make_user
 
@@ -189,6 +189,65 @@ def test_a_database_outage_is_a_503_page_even_for_a_signed_in_user(app, committe
     assert response.status_code == 503
     page = response.get_data(as_text=True)
     assert "cannot reach its database" in page and "nobody" not in page
+
+
+# -- the Host header -------------------------------------------------------------------------
+
+BAD_HOSTS = ["a" * 64 + ".example", "a" * 64, "www." + "b" * 70 + ".test:5000", "a..example",
+             ".example", "-" * 80, "two words.example", "example.test:99999",
+             "example.test:port", "[::1", ("a" * 60 + ".") * 5 + "test"]
+GOOD_HOSTS = ["localhost", "127.0.0.1:5000", "[::1]:8080", "example.test.",
+              "orbitpilot.example.test", "web_1:8000", "a" * 63 + ".example"]
+
+
+@pytest.fixture(scope="module")
+def unnamed_app(app):
+    """The app as production runs it, with no SERVER_NAME: the Host header is what the
+    URLs are bound to (the test config's fixed one would hide it)."""
+    live = create_app(make_test_config(SERVER_NAME=None))
+    yield live
+    with live.app_context():
+        db.engine.dispose()
+
+
+def get_paths(flask_app) -> list[str]:
+    """One URL per GET rule of the app, every argument "1"."""
+    return sorted({re.sub(r"<[^>]+>", "1", rule.rule) for rule in flask_app.url_map.iter_rules()
+                   if "GET" in rule.methods})
+
+
+def test_a_host_with_a_label_over_63_characters_is_a_clear_400_on_every_route(
+        unnamed_app, db_session, caplog):
+    client = unnamed_app.test_client()
+    paths = get_paths(unnamed_app)
+    assert "/healthz" in paths and "/v1/memories" in paths and len(paths) > 30
+    for path in paths:
+        response = client.get(path, headers={"Host": "a" * 64 + ".example"})
+        assert response.status_code == 400, path
+        assert HOST_INVALID in response.get_data(as_text=True), path
+        if path.startswith("/v1/"):
+            assert response.mimetype == "application/problem+json", path
+        for header, value in REQUIRED.items():
+            assert response.headers[header] == value, (path, header)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.mark.parametrize("proxies", [0, 1])
+def test_every_malformed_host_is_refused_and_every_good_one_served(app, proxies):
+    behind = create_app(make_test_config(SERVER_NAME=None, TRUSTED_PROXIES=proxies))
+    client = behind.test_client()
+    forwarded = {"X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"}
+    for host in BAD_HOSTS:
+        for path in ("/auth/signin", "/healthz"):
+            response = client.get(path, headers={"Host": host, **forwarded})
+            assert response.status_code == 400, (host, path)
+            assert HOST_INVALID in response.get_data(as_text=True)
+            assert host not in response.get_data(as_text=True)  # never echoed
+    for host in GOOD_HOSTS:
+        response = client.get("/auth/signin", headers={"Host": host, **forwarded})
+        assert response.status_code == 200, host
+    with behind.app_context():
+        db.engine.dispose()
 
 
 # -- what only a real HTTP server hands the app ---------------------------------------------
