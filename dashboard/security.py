@@ -26,6 +26,8 @@ UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or
               "that is not UTF-8: stray bytes, or half of a surrogate pair). Remove them "
               "and try again.")
 TOO_DEEP = "The JSON body is nested too deeply to read."
+NAMELESS_PART = ("A part of this form has no name, so it cannot be read. Send every field "
+                 "with its name.")
 HOST_INVALID = ("The Host header of this request is not a valid host name (each part at most "
                 "63 characters, letters, digits and hyphens, then an optional port).")
 BODY_UNREADABLE = ("The request body could not be read: it ended early, or its chunked "
@@ -58,7 +60,7 @@ def _unstorable(value: Any) -> bool:
 
 def reject_unreadable_input() -> None:
     """400 for a NUL byte, undecodable bytes or a lone surrogate anywhere a view could
-    read them."""
+    read them, and for a form part without a name."""
     try:
         # PATH_INFO is the raw path as latin-1 (PEP 3333): it must be UTF-8 underneath.
         texts: list[str] = [request.environ.get("PATH_INFO", "").encode("latin-1")
@@ -69,6 +71,9 @@ def reject_unreadable_input() -> None:
             for key, value in _strict_pairs(request.get_data(cache=True)):
                 texts += [key, value]
         elif request.mimetype == "multipart/form-data":
+            # werkzeug keeps a part without a name under None (or ""): no field reads it.
+            if not all(request.form.keys()) or not all(request.files.keys()):
+                abort(400, NAMELESS_PART)
             for key, value in request.form.items(multi=True):
                 texts += [key, value]
             texts += [f.filename or "" for f in request.files.values()]
