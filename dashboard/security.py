@@ -219,7 +219,7 @@ def limiter_storage_uri(redis_url: str) -> str:
 
 def signin_account_key() -> str:
     email = normalise_email(request.form.get("email", ""))
-    # Without an email the attempt still counts, against the client.
+    # A key is needed for the check even where nothing will be counted (no email).
     return f"account:{email}" if email else f"anonymous:{get_remote_address()}"
 
 
@@ -227,9 +227,19 @@ def signin_client_key() -> str:
     return f"client:{get_remote_address()}"
 
 
+_SIGNIN_REFUSED = "orbitpilot.signin_refused"
+
+
+def count_failed_signin() -> None:
+    """The sign-in view refused this email and password: the attempt counts."""
+    request.environ[_SIGNIN_REFUSED] = True
+
+
 def failed_signin(response: Any) -> bool:
-    """Only failed attempts count: a successful sign-in redirects."""
-    return response.status_code != 302
+    """Only refused credentials count: not a success, nor a 503 (the database was down:
+    counting those locked everyone out once it was back), nor a form refused before any
+    password was checked (no CSRF token, a field missing)."""
+    return bool(request.environ.get(_SIGNIN_REFUSED))
 
 
 def get_limiter(app: Flask | None = None) -> Limiter:
