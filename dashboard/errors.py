@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 
-from flask import Flask, g, jsonify, render_template, request
+from flask import Flask, g, jsonify, make_response, render_template, request
 from flask_limiter.errors import RateLimitExceeded
 from flask_wtf.csrf import CSRFError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -115,9 +115,15 @@ def register_error_handlers(app: Flask) -> None:
     def http_error(exc: HTTPException):
         code = exc.code or 500
         if wants_json():
-            return problem(code, exc.name, exc.description or exc.name)
-        return render_template("error.html", code=code, title=exc.name,
-                               detail=exc.description), code
+            response = problem(code, exc.name, exc.description or exc.name)
+        else:
+            response = make_response(render_template(
+                "error.html", code=code, title=exc.name, detail=exc.description), code)
+        # The exception's own headers: Allow on a 405, WWW-Authenticate on a 401.
+        for name, value in exc.get_headers():
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     def unhandled(exc: Exception):

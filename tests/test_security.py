@@ -158,8 +158,29 @@ def test_healthz_is_503_naming_the_component_that_is_down(app, broken, setting, 
     assert response.status_code == 503
     body = response.get_json()
     assert body["status"] == "unavailable" and body["unavailable"] == [broken]
-    assert body["components"][broken].startswith("unavailable")
-    assert "nobody" not in response.get_data(as_text=True)  # never the URL
+    working = ({"postgres", "redis"} - {broken}).pop()
+    assert body["components"] == {broken: "unavailable", working: "ok"}
+    text = response.get_data(as_text=True)
+    assert "nobody" not in text  # never the URL
+    assert not re.search(r"Error|Exception|Timeout|\(", text)  # nor the exception's class
+
+
+def test_every_405_says_which_methods_are_allowed(app, client):
+    """Each rule's URL with a method no route has: a 405 naming what the URL takes."""
+    by_path: dict[str, set[str]] = {}
+    for rule in app.url_map.iter_rules():
+        path = re.sub(r"<[^>]+>", "1", rule.rule)
+        by_path.setdefault(path, set()).update(rule.methods)
+    for path, methods in sorted(by_path.items()):
+        response = client.put(path)
+        assert response.status_code == 405, path
+        allowed = {m.strip() for m in response.headers.get("Allow", "").split(",")}
+        assert methods <= allowed, (path, response.headers.get("Allow"))
+        if path.startswith("/v1/"):
+            assert response.mimetype == "application/problem+json", path
+    answer = client.get("/auth/signout")
+    assert answer.status_code == 405 and "POST" in answer.headers["Allow"]
+    assert "GET" not in answer.headers["Allow"]
 
 
 def test_form_bytes_that_are_not_utf8_are_a_clear_400_not_silently_replaced(client, db_session):
