@@ -1,7 +1,8 @@
-"""What every request and response passes through: a body that cannot be read and input
-PostgreSQL could not store are refused with a clear 400, every response carries the
-security headers (a CSP with a per-request nonce, which Flask-Admin's pages work under
-too), and sign-in is throttled per account and per client on the app's Redis."""
+"""What every request and response passes through: a Host that is no host name, a body
+that cannot be read and input PostgreSQL could not store are refused with a clear 400,
+every response carries the security headers (a CSP with a per-request nonce, which
+Flask-Admin's pages work under too), and sign-in is throttled per account and per client
+on the app's Redis."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or
 TOO_DEEP = "The JSON body is nested too deeply to read."
 NAMELESS_PART = ("A part of this form has no name, so it cannot be read. Send every field "
                  "with its name.")
-HOST_INVALID = ("The Host header of this request is not a valid host name (each part at most "
-                "63 characters, letters, digits and hyphens, then an optional port).")
+HOST_INVALID = ("The Host header of this request is not a valid host name (parts of at most "
+                "63 letters, digits or hyphens, then an optional port).")
 BODY_UNREADABLE = ("The request body could not be read: it ended early, or its chunked "
                    "encoding is malformed. Nothing was changed; send it again.")
 
@@ -118,6 +119,7 @@ class ReadableInput:
 
 
 def readable_input(wsgi_app: Any) -> Any:
+    """``wsgi_app`` reading every request's body through ``ReadableInput``."""
     def app(environ: dict[str, Any], start_response: Any) -> Any:
         if "wsgi.input" in environ:
             environ["wsgi.input"] = ReadableInput(environ["wsgi.input"])
