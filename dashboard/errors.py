@@ -5,17 +5,17 @@ from __future__ import annotations
 import logging
 import time
 
-from flask import Flask, g, jsonify, render_template, request
+from flask import Flask, g, jsonify, make_response, render_template, request
 from flask_limiter.errors import RateLimitExceeded
 from flask_wtf.csrf import CSRFError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import DataError, InterfaceError, OperationalError
-from werkzeug.exceptions import HTTPException, InternalServerError
+from werkzeug.exceptions import ClientDisconnected, HTTPException, InternalServerError
 
 from dashboard.embedded import EmbeddedError
 from dashboard.extensions import db, login_manager
 from dashboard.refusals import Refusal
-from dashboard.security import get_limiter
+from dashboard.security import BODY_UNREADABLE, get_limiter
 
 log = logging.getLogger(__name__)
 
@@ -107,13 +107,23 @@ def register_error_handlers(app: Flask) -> None:
             return problem(400, "CSRF token missing or invalid", detail)
         return render_template("error.html", code=400, title="Form expired", detail=detail), 400
 
+    @app.errorhandler(ClientDisconnected)
+    def unreadable_body(exc: ClientDisconnected):
+        return _page(400, "Bad Request", BODY_UNREADABLE)
+
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
         code = exc.code or 500
         if wants_json():
-            return problem(code, exc.name, exc.description or exc.name)
-        return render_template("error.html", code=code, title=exc.name,
-                               detail=exc.description), code
+            response = problem(code, exc.name, exc.description or exc.name)
+        else:
+            response = make_response(render_template(
+                "error.html", code=code, title=exc.name, detail=exc.description), code)
+        # The exception's own headers: Allow on a 405, WWW-Authenticate on a 401.
+        for name, value in exc.get_headers():
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     def unhandled(exc: Exception):

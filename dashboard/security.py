@@ -1,27 +1,38 @@
-"""What every request and response passes through: input PostgreSQL could not store is
-refused with a clear 400, every response carries the security headers (a CSP with a
-per-request nonce, which Flask-Admin's pages work under too), and sign-in is throttled
-per account and per client on the app's Redis."""
+"""What every request and response passes through: a Host that is no host name, a body
+that cannot be read and input PostgreSQL could not store are refused with a clear 400,
+every response carries the security headers (a CSP with a per-request nonce, which
+Flask-Admin's pages work under too), and sign-in is throttled per account and per client
+on the app's Redis."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import secrets
 from typing import Any
 from urllib.parse import parse_qsl
 
-from flask import Flask, abort, current_app, request
+from flask import Flask, Response, abort, current_app, request
 from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
+from werkzeug.exceptions import ClientDisconnected
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from dashboard.auth.services import normalise_email
 
 log = logging.getLogger(__name__)
 
-UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or bytes "
-              "that are not UTF-8). Remove them and try again.")
+UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or text "
+              "that is not UTF-8: stray bytes, or half of a surrogate pair). Remove them "
+              "and try again.")
 TOO_DEEP = "The JSON body is nested too deeply to read."
+NAMELESS_PART = ("A part of this form has no name, so it cannot be read. Send every field "
+                 "with its name.")
+HOST_INVALID = ("The Host header of this request is not a valid host name (parts of at most "
+                "63 letters, digits or hyphens, then an optional port).")
+BODY_UNREADABLE = ("The request body could not be read: it ended early, or its chunked "
+                   "encoding is malformed. Nothing was changed; send it again.")
 
 
 # -- input ---------------------------------------------------------------------------------
@@ -33,18 +44,24 @@ def _strict_pairs(raw: bytes) -> list[tuple[str, str]]:
                      errors="strict")
 
 
-def _has_nul(value: Any) -> bool:
+# NUL, and the halves of a surrogate pair: a JSON escape ("\ud800") can spell one alone,
+# which is a Python string but no UTF-8 can hold (nor PostgreSQL, nor a page showing it).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable(value: Any) -> bool:
     if isinstance(value, str):
-        return "\x00" in value
+        return _UNSTORABLE.search(value) is not None
     if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+        return any(_unstorable(k) or _unstorable(v) for k, v in value.items())
     if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
+        return any(_unstorable(v) for v in value)
     return False
 
 
 def reject_unreadable_input() -> None:
-    """400 for a NUL byte or undecodable bytes anywhere a view could read them."""
+    """400 for a NUL byte, undecodable bytes or a lone surrogate anywhere a view could
+    read them, and for a form part without a name."""
     try:
         # PATH_INFO is the raw path as latin-1 (PEP 3333): it must be UTF-8 underneath.
         texts: list[str] = [request.environ.get("PATH_INFO", "").encode("latin-1")
@@ -55,12 +72,15 @@ def reject_unreadable_input() -> None:
             for key, value in _strict_pairs(request.get_data(cache=True)):
                 texts += [key, value]
         elif request.mimetype == "multipart/form-data":
+            # werkzeug keeps a part without a name under None (or ""): no field reads it.
+            if not all(request.form.keys()) or not all(request.files.keys()):
+                abort(400, NAMELESS_PART)
             for key, value in request.form.items(multi=True):
                 texts += [key, value]
             texts += [f.filename or "" for f in request.files.values()]
             if any("\ufffd" in t for t in texts):
                 abort(400, UNREADABLE)
-        elif request.is_json and _has_nul(request.get_json(silent=True)):
+        elif request.is_json and _unstorable(request.get_json(silent=True)):
             abort(400, UNREADABLE)
     except (UnicodeDecodeError, ValueError):
         abort(400, UNREADABLE)
@@ -68,6 +88,82 @@ def reject_unreadable_input() -> None:
         abort(400, TOO_DEEP)
     if any("\x00" in t for t in texts):
         abort(400, UNREADABLE)
+
+
+class ReadableInput:
+    """The server's ``wsgi.input``, whose every failure to read is werkzeug's
+    ``ClientDisconnected`` (a 400, errors.py). gunicorn raises parser errors of its own
+    for a malformed chunked body (werkzeug's server an OSError), which would be a 500."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _read(self, method: str, *args: Any) -> Any:
+        try:
+            return getattr(self._stream, method)(*args)
+        except Exception:
+            # Not chained: the server's message quotes the bytes that were sent.
+            raise ClientDisconnected() from None
+
+    def read(self, *args: Any) -> bytes:
+        return self._read("read", *args)
+
+    def readline(self, *args: Any) -> bytes:
+        return self._read("readline", *args)
+
+    def readlines(self, *args: Any) -> list[bytes]:
+        return self._read("readlines", *args)
+
+    def __iter__(self) -> Any:
+        return iter(self.readline, b"")
+
+
+def readable_input(wsgi_app: Any) -> Any:
+    """``wsgi_app`` reading every request's body through ``ReadableInput``."""
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        if "wsgi.input" in environ:
+            environ["wsgi.input"] = ReadableInput(environ["wsgi.input"])
+        return wsgi_app(environ, start_response)
+    return app
+
+
+# A Host header as RFC 9110 has it and the URL map can bind: dot-separated labels of 1 to 63
+# characters (253 in all, an optional final dot; "_" for names like compose's "web_1"), or
+# an IPv6 address in brackets; then an optional port.
+_HOST = re.compile(r"(?:(?P<name>[A-Za-z0-9_-]{1,63}(?:\.[A-Za-z0-9_-]{1,63})*\.?)"
+                   r"|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?")
+
+
+def valid_host(host: str) -> bool:
+    match = _HOST.fullmatch(host)
+    return match is not None and len(match["name"] or "") <= 253 \
+        and (match["port"] is None or 0 < int(match["port"]) <= 65535)
+
+
+def _host_refused(environ: dict[str, Any]) -> Response:
+    """The 400 for a bad Host: built here, as no page can be (url_for needs the host)."""
+    if environ.get("PATH_INFO", "").startswith("/v1"):
+        response = Response(json.dumps({"type": "about:blank", "title": "Bad Request",
+                                        "status": 400, "detail": HOST_INVALID}),
+                            400, mimetype="application/problem+json")
+    else:
+        response = Response(HOST_INVALID + "\n", 400, mimetype="text/plain")
+    response.headers.update(FIXED_HEADERS)
+    response.headers["Content-Security-Policy"] = "default-src 'none'; frame-ancestors 'none'"
+    return response
+
+
+def valid_hosts_only(wsgi_app: Any) -> Any:
+    """Refuse a Host header that is no host name (a label over 63 characters, say) before
+    Flask binds the URL map to it: werkzeug's BadHost would leave the request without a
+    URL adapter, and its error page would fail in turn. It checks what ProxyFix (as
+    TRUSTED_PROXIES sets it) hands on; an absent or empty Host is werkzeug's to handle."""
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        host = environ.get("HTTP_HOST")
+        if host and not valid_host(host):
+            return _host_refused(environ)(environ, start_response)
+        return wsgi_app(environ, start_response)
+    return app
 
 
 # -- response headers -----------------------------------------------------------------------
@@ -95,14 +191,20 @@ def content_security_policy(nonce: str) -> str:
     ])
 
 
+FIXED_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Permissions-Policy": "camera=(), microphone=(), geolocation=()",
+}
+
+
 def add_security_headers(response: Any) -> Any:
     headers = response.headers
     headers.setdefault("Content-Security-Policy", content_security_policy(csp_nonce()))
-    headers.setdefault("X-Frame-Options", "DENY")
-    headers.setdefault("X-Content-Type-Options", "nosniff")
-    headers.setdefault("Referrer-Policy", "same-origin")
-    headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
-    headers.setdefault("Permissions-Policy", "camera=(), microphone=(), geolocation=()")
+    for name, value in FIXED_HEADERS.items():
+        headers.setdefault(name, value)
     if request.is_secure:
         headers.setdefault("Strict-Transport-Security", "max-age=31536000")
     return response
@@ -119,7 +221,7 @@ def limiter_storage_uri(redis_url: str) -> str:
 
 def signin_account_key() -> str:
     email = normalise_email(request.form.get("email", ""))
-    # Without an email the attempt still counts, against the client.
+    # A key is needed for the check even where nothing will be counted (no email).
     return f"account:{email}" if email else f"anonymous:{get_remote_address()}"
 
 
@@ -127,9 +229,19 @@ def signin_client_key() -> str:
     return f"client:{get_remote_address()}"
 
 
+_SIGNIN_REFUSED = "orbitpilot.signin_refused"
+
+
+def count_failed_signin() -> None:
+    """The sign-in view refused this email and password: the attempt counts."""
+    request.environ[_SIGNIN_REFUSED] = True
+
+
 def failed_signin(response: Any) -> bool:
-    """Only failed attempts count: a successful sign-in redirects."""
-    return response.status_code != 302
+    """Only refused credentials count: not a success, nor a 503 (the database was down:
+    counting those locked everyone out once it was back), nor a form refused before any
+    password was checked (no CSRF token, a field missing)."""
+    return bool(request.environ.get(_SIGNIN_REFUSED))
 
 
 def get_limiter(app: Flask | None = None) -> Limiter:
@@ -138,6 +250,8 @@ def get_limiter(app: Flask | None = None) -> Limiter:
 
 def init_security(app: Flask) -> None:
     """After the blueprints: the sign-in view is wrapped with its limits here."""
+    # Inside ProxyFix: they see the environ it hands on.
+    app.wsgi_app = valid_hosts_only(readable_input(app.wsgi_app))
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:  # the client's own address, not the proxy's, for throttling and logs
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)

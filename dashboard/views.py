@@ -28,13 +28,14 @@ def index():
 
 
 def _check(probe) -> str:
-    """"ok", or the kind of failure (never its message: it can carry a URL)."""
+    """"ok" or "unavailable": the kind of failure goes to the log only (the answer is
+    public, and an exception's message can carry a URL)."""
     try:
         probe()
         return "ok"
     except Exception as exc:
         log.warning("health check failed: %s", type(exc).__name__)
-        return f"unavailable ({type(exc).__name__})"
+        return "unavailable"
 
 
 def _postgres() -> None:

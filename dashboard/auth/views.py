@@ -10,6 +10,7 @@ from dashboard.auth import services
 from dashboard.auth.forms import SignInForm, SignUpForm
 from dashboard.extensions import db
 from dashboard.forms import same_site_path
+from dashboard.security import count_failed_signin
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 
@@ -60,6 +61,7 @@ def signin():
     if form.validate_on_submit():
         user = services.authenticate(db.session, form.email.data, form.password.data)
         if user is None or not user.is_active:
+            count_failed_signin()
             form.password.errors.append("That email and password don't match an account.")
         else:
             login_user(user, remember=bool(form.remember.data))

@@ -86,7 +86,9 @@ class MemoryPatch(_Body):
 
 
 class SearchRequest(_Body):
-    query: str = Field(min_length=1, max_length=MAX_CONTENT, description="What to recall.")
+    query: str = Field(min_length=1, max_length=MAX_CONTENT, description=(
+        "What to recall: at least one word to search on (a query of only punctuation or "
+        "very common words such as \u201cthe\u201d is refused with 422)."))
     k: int = Field(5, ge=1, le=MAX_RECALL_K, strict=True,
                    description=f"How many chunks, 1 to {MAX_RECALL_K}.")
 

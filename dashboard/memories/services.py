@@ -573,7 +573,8 @@ class Recalled:
 
 def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Embedder
            ) -> list[Recalled]:
-    """Top-k over the owner's chunks (every source), each naming where it came from."""
+    """Top-k over the owner's chunks (every source), each naming where it came from; a
+    query with nothing to search on is refused (``NothingToSearch``, field "query")."""
     query = check_content(query, "query")
     hits = search_memory(session, owner_id, query, max(1, min(int(k), MAX_RECALL_K)),
                          embedder=embedder)

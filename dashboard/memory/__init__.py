@@ -4,7 +4,8 @@ only (a test holds it so); the modules behind it are the engine's own.
 - requests: ``request_build(s)``, the staff's and the user's own, ``build_for_change``
   (the request a write's flush already made, reused);
 - forgetting under the build lock: ``wait_for_builds``, ``forget_chunks``;
-- reading: ``search_memory``, ``preview_memory_build``, ``memory_status``;
+- reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
+  ``memory_status``;
 - jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs;
 - what they run with: the queue, the embedders, the settings, the models."""
 
@@ -36,7 +37,7 @@ from dashboard.memory.requests import (
     request_user_update,
 )
 from dashboard.memory.runner import abandon_build, execute_build
-from dashboard.memory.search import search_memory
+from dashboard.memory.search import NothingToSearch, search_memory
 from dashboard.memory.settings import EngineSettings, settings_from
 from dashboard.memory.status import BuildSummary, MemoryStatus, memory_status
 
@@ -47,7 +48,8 @@ __all__ = [
     # forgetting
     "BuildsBusy", "forget_chunks", "wait_for_builds",
     # reading
-    "BuildSummary", "MemoryStatus", "memory_status", "preview_memory_build", "search_memory",
+    "BuildSummary", "MemoryStatus", "NothingToSearch", "memory_status", "preview_memory_build",
+    "search_memory",
     # jobs
     "abandon_build", "execute_build", "fan_out_plan_builds",
     "request_idle_conversation_builds", "request_scheduled_builds", "sweep_builds",

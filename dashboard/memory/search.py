@@ -1,10 +1,11 @@
 """Retrieval: the top k chunks of one user by cosine distance. A user below ANN_MIN_CHUNKS
-gets an exact scan (always min(k, owned) rows, in exact order); a user whose rows are
-``ann`` the partial HNSW index with iterative scans, topped up exactly if it comes back
-short (docs/architecture/retrieval.md)."""
+gets an exact scan (min(k, owned) rows, zero vectors aside, in exact order); a user whose
+rows are ``ann`` the partial HNSW index with iterative scans, topped up exactly if it comes
+back short (docs/architecture/retrieval.md)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,19 @@ from sqlalchemy.orm import Session
 
 from dashboard.memory.embedders import Embedder
 from dashboard.memory.models import MemoryChunk
+from dashboard.refusals import Refusal
+
+NOTHING_TO_SEARCH = ("There is nothing to search on in this query: it holds no words, only "
+                     "punctuation or very common words such as \u201cthe\u201d. Add a word "
+                     "or two.")
+
+
+class NothingToSearch(Refusal):
+    """The query embeds to no direction at all (the zero vector): nothing is near it, and
+    every cosine distance to it would be NaN."""
+
+    def __init__(self) -> None:
+        super().__init__(NOTHING_TO_SEARCH, "query")
 
 
 @dataclass(frozen=True)
@@ -84,16 +98,28 @@ def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hi
 
 def search_memory(session: Session, user_id: int, query: str, k: int, *,
                   embedder: Embedder) -> list[Hit]:
-    """The k chunks of ``user_id`` nearest to ``query``, nearest first."""
+    """The k chunks of ``user_id`` nearest to ``query``, nearest first.
+
+    A query the embedder gives no direction (the zero vector: only punctuation or stop
+    words for the hashing one) is refused with ``NothingToSearch``; a chunk it gives none
+    is near nothing, and never a hit. Every distance returned is finite."""
     k = max(1, min(int(k), 100))
     vector = embedder.embed([query])[0]
+    if not vector.any() or not np.isfinite(vector).all():
+        raise NothingToSearch()
     # Every row of a user carries the same flag (each build sets them all), so one row
     # tells the path: no count of a 200,000-chunk user's rows on every query.
     ann = session.scalar(select(MemoryChunk.ann).where(MemoryChunk.user_id == user_id)
                          .limit(1))
     if not ann:
-        return _exact(session, user_id, vector, k)
+        return _finite(_exact(session, user_id, vector, k))
     hits = _hnsw(session, user_id, vector, k)
     if len(hits) < k:
         hits = _exact(session, user_id, vector, k)
-    return hits
+    return _finite(hits)
+
+
+def _finite(hits: list[Hit]) -> list[Hit]:
+    # A zero-vector chunk's cosine distance is NaN, which PostgreSQL sorts after every
+    # number (and the HNSW index leaves out): dropping it after the LIMIT drops only it.
+    return [hit for hit in hits if math.isfinite(hit.distance)]

@@ -21,7 +21,13 @@ from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_TITLE as BLINK_MAX_TITLE
 from dashboard.blinks.services import BlinkError, create_blink
 from dashboard.ids import find_owned
-from dashboard.memory import BuildRequest, Embedder, request_build, search_memory
+from dashboard.memory import (
+    BuildRequest,
+    Embedder,
+    NothingToSearch,
+    request_build,
+    search_memory,
+)
 from dashboard.orbitpilot.models import Conversation, Message
 from dashboard.orbitpilot.responder import (
     DEFAULT_MEMORY_K,
@@ -251,7 +257,12 @@ def clean_message(text: Any) -> str:
 
 def memory_hits(session: Session, user_id: int, query: str, *, embedder: Embedder,
                 k: int = DEFAULT_MEMORY_K) -> tuple[MemoryHit, ...]:
-    hits = search_memory(session, user_id, query, k, embedder=embedder)
+    """The chunks nearest the message; none when it has nothing to search on ("!!!"):
+    the reply still comes, drawing on no memory."""
+    try:
+        hits = search_memory(session, user_id, query, k, embedder=embedder)
+    except NothingToSearch:
+        return ()
     return tuple(
         MemoryHit(h.source_key, get_source(h.source_key).label if h.source_key in SOURCE_KEYS
                   else h.source_key, h.source_id, h.content, float(h.distance))

@@ -1,5 +1,6 @@
 """Sign-in is throttled per account and per client on the app's Redis: 429, Retry-After
-and a sentence a person can act on. Only failed attempts count."""
+and a sentence a person can act on. Only refused credentials count: not an outage's
+503, nor a form refused before the password was checked."""
 
 from __future__ import annotations
 
@@ -89,3 +90,53 @@ def test_the_429_is_json_for_json_clients(client, db_session, limits):
     assert refused.status_code == 429
     assert refused.mimetype == "application/problem+json"
     assert refused.get_json()["status"] == 429
+
+
+def test_sign_ins_answered_503_in_an_outage_do_not_count(app, committed, limits):
+    """After a database outage everyone can sign in at once, not after the window."""
+    from dashboard import create_app
+    from dashboard.security import get_limiter
+    from tests.conftest import make_test_config
+
+    # Committed data and no db_session: the outage app must use its own (broken) engine.
+    user = committed.user()
+    committed.session.commit()
+    get_limiter(app).reset()
+    outage = create_app(make_test_config(
+        SQLALCHEMY_DATABASE_URI="postgresql+psycopg://nobody@127.0.0.1:1/nothing",
+        REDIS_URL=app.config["REDIS_URL"], SECRET_KEY=app.config["SECRET_KEY"],
+        SIGNIN_LIMIT_PER_ACCOUNT=app.config["SIGNIN_LIMIT_PER_ACCOUNT"],
+        SIGNIN_LIMIT_PER_CLIENT=app.config["SIGNIN_LIMIT_PER_CLIENT"]))
+    visitor, here = outage.test_client(), address()
+    statuses = [attempt(visitor, user.email, PASSWORD, here).status_code for _ in range(6)]
+    assert statuses == [503] * 6
+    # Back up: the same account from the same address signs in at once.
+    assert attempt(app.test_client(), user.email, PASSWORD, here).status_code == 302
+
+
+@pytest.mark.parametrize("refused", ["no csrf token", "no password", "unreadable"])
+def test_sign_ins_refused_before_the_password_is_checked_do_not_count(client, db_session,
+                                                                     limits, refused):
+    make_user(db_session, email="careful@example.test")
+    here = address()
+    data = {"email": "careful@example.test", "password": "wrong-guess-123",
+            "csrf_token": csrf_from(client, "/auth/signin")}
+    if refused == "no csrf token":
+        del data["csrf_token"]
+    elif refused == "no password":
+        data["password"] = ""
+    else:
+        data["password"] = "nul\x00"
+    for _ in range(6):
+        response = client.post("/auth/signin", data=data, environ_base={"REMOTE_ADDR": here})
+        assert response.status_code == 400
+    assert attempt(client, "careful@example.test", PASSWORD, here).status_code == 302
+
+
+def test_only_a_refused_email_and_password_count(client, db_session, limits):
+    make_user(db_session, email="counted@example.test")
+    here = address()
+    for _ in range(3):
+        assert attempt(client, "counted@example.test", "wrong-guess-123", here) \
+            .status_code == 400
+    assert attempt(client, "counted@example.test", PASSWORD, here).status_code == 429

@@ -5,6 +5,7 @@ view (escaped), delete; owner-only; every change requests a build."""
 from __future__ import annotations
 
 import io
+import logging
 import re
 
 import pytest
@@ -14,6 +15,7 @@ from dashboard.documents import services
 from dashboard.documents.models import Document
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
+from dashboard.security import NAMELESS_PART
 from dashboard.sources import DOCUMENTS
 from tests.conftest import csrf_from
 from tests.factories import make_user, queued_triggers, settle
@@ -113,6 +115,25 @@ def test_upload_without_a_file_is_a_form_error(client, db_session, user):
                            content_type="multipart/form-data")
     assert response.status_code == 400
     assert "Choose a file to upload." in response.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("part", [
+    'Content-Disposition: form-data; filename="notes.txt"\r\nContent-Type: text/plain',
+    "Content-Disposition: form-data",
+    'Content-Disposition: form-data; name=""; filename="notes.txt"',
+    'Content-Disposition: attachment; filename="notes.txt"',
+], ids=["file", "field", "empty name", "attachment"])
+def test_a_part_without_a_name_is_a_clear_400_and_stores_nothing(client, db_session, user,
+                                                                  part, caplog):
+    body = (f"--b\r\nContent-Disposition: form-data; name=\"csrf_token\"\r\n\r\n"
+            f"{csrf_from(client, INDEX)}\r\n--b\r\n{part}\r\n\r\nhello\r\n"
+            f"--b\r\nContent-Disposition: form-data; name=\"title\"\r\n\r\nT\r\n--b--\r\n")
+    response = client.post(INDEX, data=body.encode(),
+                           content_type="multipart/form-data; boundary=b")
+    assert (response.status_code, NAMELESS_PART in response.get_data(as_text=True)) == \
+        (400, True)
+    assert documents(db_session, user) == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_a_title_too_long_is_a_form_error(client, db_session, user):

@@ -24,6 +24,7 @@ from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
 from dashboard.memories.models import ApiKey, Memory
 from dashboard.memories.openapi import HEADER, PROBLEM
 from dashboard.memory import MemoryBuild
+from dashboard.memory.search import NOTHING_TO_SEARCH
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import resolve_build_sources
 from dashboard.security import TOO_DEEP
@@ -293,6 +294,68 @@ def test_search_right_after_forgetting_no_longer_returns_it(api, owner, db_sessi
     response = api.post(f"/v1/memories/{memory['id']}/forget", json={"mode": mode})
     assert response.status_code == 200
     assert memory["id"] not in recalled_ids(api, "spare key flowerpot")
+
+
+def strict_json(response) -> object:
+    """The body as JSON that parsers other than Python's accept: NaN, Infinity and
+    -Infinity are not JSON, and Python's json module would read them silently."""
+    def refuse(constant: str) -> None:
+        raise ValueError(f"{constant} in {response.request.method} {response.request.path}")
+
+    return json.loads(response.get_data(as_text=True), parse_constant=refuse)
+
+
+@pytest.mark.parametrize("query", ["!!!", "the and of it", "?!… —"])
+def test_a_query_with_nothing_to_search_on_is_a_422_naming_the_query(api, owner, db_session,
+                                                                     query):
+    save(api, "Prefers aisle seats on long flights.")
+    build(db_session, owner, commit=True)
+    response = api.post("/v1/memories/search", json={"query": query, "k": 3})
+    body = assert_problem(response, 422)
+    assert body["errors"] == [{"field": "query", "detail": NOTHING_TO_SEARCH}]
+    strict_json(response)
+
+
+def test_a_memory_with_nothing_to_search_on_is_never_recalled(api, owner, db_session):
+    seats, _ = save(api, "Prefers aisle seats on long flights."), save(api, "!!!")
+    build(db_session, owner, commit=True)
+    response = api.post("/v1/memories/search", json={"query": "aisle seats", "k": 10})
+    assert response.status_code == 200
+    results = strict_json(response)["results"]
+    assert [hit["memory_id"] for hit in results if hit["source_key"] == SAVED] == [seats["id"]]
+    assert all(0 <= hit["distance"] <= 2 for hit in results)
+
+
+def test_no_api_answer_holds_nan_or_infinity(api, owner, db_session, key):
+    """Every answer of a small scenario read by a strict parser."""
+    kept, blank = save(api, "Reads poetry on Sundays."), save(api, "...")
+    build(db_session, owner, commit=True)
+    responses = [
+        api.get("/v1/openapi.json"), api.get("/v1/memories"),
+        api.get(f"/v1/memories/{kept['id']}"), api.get("/v1/memories/export"),
+        api.post("/v1/memories/search", json={"query": "poetry", "k": 5}),
+        api.post("/v1/memories/search", json={"query": "Sundays poetry reads", "k": 50}),
+        api.post("/v1/memories/search", json={"query": "...", "k": 5}),
+        api.patch(f"/v1/memories/{kept['id']}", json={"metadata": {"day": "Sunday"}}),
+        api.post(f"/v1/memories/{blank['id']}/forget", json={"mode": "soft_delete"}),
+        api.post(f"/v1/memories/{blank['id']}/restore"),
+        api.get(f"/v1/memories/{blank['id']}/receipts"),
+        api.delete(f"/v1/memories/{blank['id']}?mode=hard_delete"),
+        api.get(f"/v1/memories/{blank['id']}"), api.get(f"/v1/memories/{uuid.uuid4()}"),
+        api.post("/v1/memories", json={"content": ""}),
+        api.post("/v1/memories/search", json={"query": "x", "k": 0}),
+    ]
+    assert {r.status_code for r in responses} == {200, 410, 404, 422}
+    for response in responses:
+        assert response.mimetype in ("application/json", PROBLEM)
+        strict_json(response)
+
+
+def test_the_document_says_a_query_needs_something_to_search_on(client):
+    search = client.get("/v1/openapi.json").get_json()["paths"]["/v1/memories/search"]["post"]
+    assert "422" in search["responses"]
+    schema = client.get("/v1/openapi.json").get_json()["components"]["schemas"]
+    assert "422" in schema["SearchRequest"]["properties"]["query"]["description"]
 
 
 def test_export_holds_memories_and_chunks(api, owner, db_session):

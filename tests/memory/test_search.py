@@ -1,5 +1,6 @@
 """search_memory: top-k by cosine distance within one user's chunks."""
 
+import math
 import os
 
 import numpy as np
@@ -10,7 +11,7 @@ from dashboard.memories.models import Memory
 from dashboard.memory.embedders import HashingEmbedder, minilm_available
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
-from dashboard.memory.search import search_memory
+from dashboard.memory.search import NothingToSearch, search_memory
 from tests.factories import make_user
 
 LEXICAL = [
@@ -217,6 +218,33 @@ def test_k_is_clamped_and_other_users_are_never_returned(db_session):
     hits = search_memory(db_session, mine.id, "standup", 1000, embedder=embedder)
     assert len(hits) == 2
     assert all(h.content in LEXICAL for h in hits)
+
+
+@pytest.mark.parametrize("query", ["!!!", "the and of", "¿?", "— … —"])
+def test_a_query_with_nothing_to_search_on_is_refused_naming_the_query(db_session, query):
+    # The hashing embedder gives such a query the zero vector: every cosine distance to
+    # it would be NaN, and the "nearest" chunks an arbitrary few.
+    embedder = HashingEmbedder()
+    user = memories_user(db_session, LEXICAL)
+    run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    with pytest.raises(NothingToSearch) as caught:
+        search_memory(db_session, user.id, query, 3, embedder=embedder)
+    assert (caught.value.kind, caught.value.field) == ("invalid", "query")
+    assert "nothing to search on" in caught.value.sentence
+
+
+@pytest.mark.parametrize("ann", [False, True], ids=["exact", "hnsw"])
+def test_a_chunk_with_nothing_to_search_on_is_never_a_hit(db_session, ann):
+    rng = np.random.default_rng(11)
+    user = make_user(db_session)
+    _random_chunks(db_session, user.id, 4, rng, ann=ann)
+    db_session.execute(insert(MemoryChunk), [{
+        "user_id": user.id, "source_key": "xmemo.saved", "source_id": "zero",
+        "chunk_index": 0, "content_hash": "z" * 64, "content": "!!!",
+        "embedding": np.zeros(384, dtype=np.float32), "embedding_model": "random", "ann": ann}])
+    hits = search_memory(db_session, user.id, "anything", 10, embedder=RandomQuery(rng))
+    assert sorted(h.content for h in hits) == ["c0", "c1", "c2", "c3"]
+    assert all(math.isfinite(h.distance) for h in hits)
 
 
 requires_ml = pytest.mark.skipif(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -40,6 +41,7 @@ from dashboard.sources import CHAT_HISTORY, PROFILE
 from tests.factories import (
     builds_of,
     make_conversation,
+    make_memory,
     make_plan,
     make_user,
     plans_of,
@@ -292,6 +294,30 @@ def test_memory_k_zero_hands_the_responder_no_memory(app, client, signed_in, rec
     monkeypatch.setitem(app.config, "ORBITPILOT_MEMORY_K", 0)
     send(client, "Lisbon?")
     assert recorded[-1].memory == ()
+
+
+@pytest.mark.parametrize("message", ["!!!", "the and of", "?"])
+def test_a_message_with_nothing_to_search_on_draws_on_no_memory(client, signed_in, recorded,
+                                                                db_session, message):
+    db_session.add(ProfileFact(user_id=signed_in.id, key="city", value="Lisbon"))
+    run_memory_build(signed_in, "quick", session=db_session, embedder=get_embedder("hashing"))
+    assert services.memory_hits(db_session, signed_in.id, message,
+                                embedder=get_embedder("hashing")) == ()
+    response = send(client, message)
+    assert response.status_code == 201
+    assert recorded[-1].memory == ()
+    assert response.get_json()["drew_on"]["memory_items"] == 0
+    assert "nothing from your memory" in response.get_json()["reply"]["content"]
+
+
+def test_a_chunk_with_nothing_to_search_on_is_never_drawn_on(client, signed_in, recorded,
+                                                             db_session):
+    db_session.add(ProfileFact(user_id=signed_in.id, key="city", value="Lisbon"))
+    make_memory(db_session, signed_in, "...")
+    run_memory_build(signed_in, "quick", session=db_session, embedder=get_embedder("hashing"))
+    send(client, "Lisbon?")
+    assert [hit.content for hit in recorded[-1].memory] == ["city: Lisbon"]
+    assert all(math.isfinite(hit.distance) for hit in recorded[-1].memory)
 
 
 def echo(context: ResponderContext) -> Reply:
