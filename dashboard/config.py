@@ -20,9 +20,9 @@ def _env(name: str, default: Any, coercer: Callable[[str], Any] = str) -> Any:
     return coercer(raw)
 
 
-def _instance_secret_key(instance_path: Path) -> str:
+def _instance_secret_key(instance_path: Path, name: str = "secret_key") -> str:
     """A key generated once and kept under instance/, so sessions survive restarts."""
-    path = instance_path / "secret_key"
+    path = instance_path / name
     if path.exists():
         return path.read_text().strip()
     instance_path.mkdir(parents=True, exist_ok=True)
@@ -57,6 +57,13 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "BUILD_QUEUE": _env("BUILD_QUEUE", "builds"),
         # Seconds a build job may run before RQ kills it.
         "BUILD_JOB_TIMEOUT": _env("BUILD_JOB_TIMEOUT", 900, int),
+        # Signs the audit anchors, a key the database never holds. Unset: generated once
+        # into instance/audit_anchor_key. Every process that anchors or verifies needs it.
+        "AUDIT_ANCHOR_KEY": _env("AUDIT_ANCHOR_KEY", None)
+        or _instance_secret_key(instance_path, "audit_anchor_key"),
+        # The file signed audit anchors are appended to, outside the database.
+        "AUDIT_ANCHOR_PATH": _env("AUDIT_ANCHOR_PATH",
+                                  str(instance_path / "audit" / "anchors.jsonl")),
         # Secure cookies when served over HTTPS.
         "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
         # Minimum password length at sign-up.

@@ -216,12 +216,14 @@ def test_checkpoint_writes_the_head_and_nothing_when_it_has_not_moved(db_session
     assert result.ok and result.checkpoints >= 2
 
 
-def test_the_checkpoint_command_says_what_it_wrote(runner, db_session):
+def test_the_checkpoint_command_says_what_it_wrote(app, runner, db_session):
     (event,) = record(db_session, 1)
     first = runner.invoke(args=["audit", "checkpoint"])
     again = runner.invoke(args=["audit", "checkpoint"])
     assert first.exit_code == 0
-    assert first.output.strip() == f"Checkpoint at seq {event.seq}: {event.hash}"
+    assert first.output.splitlines() == [
+        f"Checkpoint at seq {event.seq}: {event.hash}",
+        f"Signed anchor of seq {event.seq} appended to {app.config['AUDIT_ANCHOR_PATH']}."]
     assert again.output.strip() == "No new events since the last checkpoint."
 
 
