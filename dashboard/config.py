@@ -113,8 +113,9 @@ def build_settings() -> dict[str, Any]:
         "ORBITPILOT_MEMORY_K": _env("ORBITPILOT_MEMORY_K", 3, int),
         # The largest document a user may upload (text or markdown), in bytes.
         "DOCUMENT_MAX_BYTES": _env("DOCUMENT_MAX_BYTES", 1024 * 1024, int),
-        # How often a worker writes the audit chain's head down as a checkpoint (0: never).
-        "AUDIT_CHECKPOINT_SECONDS": _env("AUDIT_CHECKPOINT_SECONDS", 3600, int),
+        # How often a worker writes the audit chain's head down as a checkpoint and a
+        # signed anchor, when it moved; also when a worker stops (0: never).
+        "AUDIT_CHECKPOINT_SECONDS": _env("AUDIT_CHECKPOINT_SECONDS", 30, int),
         # How often a worker VACUUMs the memory tables when redactions or hard deletes
         # wait for it (their erasure receipts record when it ran; 0: never).
         "ERASURE_VACUUM_SECONDS": _env("ERASURE_VACUUM_SECONDS", 300, int),
