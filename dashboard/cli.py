@@ -9,7 +9,14 @@ import click
 from flask import Flask, current_app
 from flask.cli import with_appcontext
 
-from dashboard.audit.services import CLI_ACTOR, checkpoint_chain, record_event, verify_chain
+from dashboard.audit.anchors import Anchoring, read_anchors
+from dashboard.audit.services import (
+    CLI_ACTOR,
+    anchor_head,
+    checkpoint_chain,
+    record_event,
+    verify_chain,
+)
 from dashboard.auth import services as accounts
 from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 from dashboard.embedded import get_services
@@ -137,13 +144,21 @@ def audit_group() -> None:
     pass
 
 
+def _anchoring() -> Anchoring:
+    try:
+        return Anchoring.from_settings(current_app.config)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
 @audit_group.command("verify")
 @click.option("--expect", "expected", multiple=True, metavar="SEQ:HASH",
               help="a chain head kept elsewhere (from an earlier verify) that this log "
                    "must still contain; repeatable")
 @with_appcontext
 def audit_verify(expected: tuple[str, ...]) -> None:
-    """Recompute the hash chain; print OK or the first broken event (exit status 1)."""
+    """Recompute the hash chain and check it against the checkpoints and the signed
+    anchors; print OK or what is broken (exit status 1)."""
     heads = {}
     for item in expected:
         seq, _, head_hash = item.partition(":")
@@ -151,7 +166,12 @@ def audit_verify(expected: tuple[str, ...]) -> None:
                 and all(c in "0123456789abcdef" for c in head_hash)):
             _fail(f"--expect takes SEQ:HASH (a number, a colon, 64 hex digits), not {item!r}.")
         heads[int(seq)] = head_hash
-    result = verify_chain(db.session, expect=heads)
+    anchoring = _anchoring()
+    try:
+        anchors = read_anchors(anchoring)
+    except OSError as exc:
+        _fail(f"Cannot read the anchors in {anchoring.store.where}: {exc.strerror}.")
+    result = verify_chain(db.session, expect=heads, anchors=anchors)
     db.session.rollback()
     click.echo(result.describe())
     if not result.ok:
@@ -161,13 +181,22 @@ def audit_verify(expected: tuple[str, ...]) -> None:
 @audit_group.command("checkpoint")
 @with_appcontext
 def audit_checkpoint() -> None:
-    """Write the chain head down (the worker also does this periodically)."""
+    """Write the chain head down, and a signed anchor of it outside the database (the
+    worker also does this periodically)."""
+    anchoring = _anchoring()
     checkpoint = checkpoint_chain(db.session)
-    db.session.commit()
-    if checkpoint is None:
-        click.echo("No new events since the last checkpoint.")
-    else:
+    db.session.commit()  # the row stands even if the anchor store fails
+    if checkpoint is not None:
         click.echo(f"Checkpoint at seq {checkpoint.seq}: {checkpoint.hash}")
+    try:
+        anchor = anchor_head(db.session, anchoring)
+    except OSError as exc:
+        _fail(f"Could not append the anchor to {anchoring.store.where}: {exc.strerror}.")
+    db.session.rollback()
+    if anchor is not None:
+        click.echo(f"Signed anchor of seq {anchor.seq} appended to {anchoring.store.where}.")
+    if checkpoint is None and anchor is None:
+        click.echo("No new events since the last checkpoint.")
 
 
 @click.group("memories", help="Saved memories: upkeep of their erasure receipts.")

@@ -20,9 +20,9 @@ def _env(name: str, default: Any, coercer: Callable[[str], Any] = str) -> Any:
     return coercer(raw)
 
 
-def _instance_secret_key(instance_path: Path) -> str:
+def _instance_secret_key(instance_path: Path, name: str = "secret_key") -> str:
     """A key generated once and kept under instance/, so sessions survive restarts."""
-    path = instance_path / "secret_key"
+    path = instance_path / name
     if path.exists():
         return path.read_text().strip()
     instance_path.mkdir(parents=True, exist_ok=True)
@@ -57,6 +57,13 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "BUILD_QUEUE": _env("BUILD_QUEUE", "builds"),
         # Seconds a build job may run before RQ kills it.
         "BUILD_JOB_TIMEOUT": _env("BUILD_JOB_TIMEOUT", 900, int),
+        # Signs the audit anchors, a key the database never holds. Unset: generated once
+        # into instance/audit_anchor_key. Every process that anchors or verifies needs it.
+        "AUDIT_ANCHOR_KEY": _env("AUDIT_ANCHOR_KEY", None)
+        or _instance_secret_key(instance_path, "audit_anchor_key"),
+        # The file signed audit anchors are appended to, outside the database.
+        "AUDIT_ANCHOR_PATH": _env("AUDIT_ANCHOR_PATH",
+                                  str(instance_path / "audit" / "anchors.jsonl")),
         # Secure cookies when served over HTTPS.
         "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
         # Minimum password length at sign-up.
@@ -106,8 +113,9 @@ def build_settings() -> dict[str, Any]:
         "ORBITPILOT_MEMORY_K": _env("ORBITPILOT_MEMORY_K", 3, int),
         # The largest document a user may upload (text or markdown), in bytes.
         "DOCUMENT_MAX_BYTES": _env("DOCUMENT_MAX_BYTES", 1024 * 1024, int),
-        # How often a worker writes the audit chain's head down as a checkpoint (0: never).
-        "AUDIT_CHECKPOINT_SECONDS": _env("AUDIT_CHECKPOINT_SECONDS", 3600, int),
+        # How often a worker writes the audit chain's head down as a checkpoint and a
+        # signed anchor, when it moved; also when a worker stops (0: never).
+        "AUDIT_CHECKPOINT_SECONDS": _env("AUDIT_CHECKPOINT_SECONDS", 30, int),
         # How often a worker VACUUMs the memory tables when redactions or hard deletes
         # wait for it (their erasure receipts record when it ran; 0: never).
         "ERASURE_VACUUM_SECONDS": _env("ERASURE_VACUUM_SECONDS", 300, int),

@@ -1,6 +1,7 @@
 """The periodic tasks a worker runs (each once per interval across all workers, by a
-lease): the sweeper, idle conversations, the schedule, the audit checkpoint, the erasure
-VACUUM. A failing task is logged by kind and does not stop the others."""
+lease): the sweeper, idle conversations, the schedule, the audit checkpoint and its
+anchor, the erasure VACUUM. A failing task is logged by kind and does not stop the
+others. And the audit checkpoint once more when a worker stops."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from dashboard import memory
-from dashboard.audit.services import checkpoint_chain
+from dashboard.audit.anchors import Anchoring
+from dashboard.audit.services import anchor_head, checkpoint_chain
 from dashboard.leases import claim_lease
 from dashboard.memories.erasure import vacuum_after_erasures
 
@@ -23,26 +25,34 @@ log = logging.getLogger(__name__)
 class PeriodicTask:
     name: str
     setting: str  # the config key holding its interval in seconds (0: off)
-    run: Callable[[Session, memory.BuildQueue], object]
+    run: Callable[[Session, memory.BuildQueue, Mapping[str, Any]], object]
 
 
-def _erasure_vacuum(session: Session, queue: memory.BuildQueue) -> object:
+def _erasure_vacuum(session: Session, queue: memory.BuildQueue,
+                    config: Mapping[str, Any]) -> object:
     # End the session's transaction first: the VACUUM runs on a connection of its own, and
     # a snapshot held here would keep back the very row versions it is meant to remove.
     session.commit()
     return vacuum_after_erasures(session)
 
 
+def _audit_checkpoint(session: Session, queue: memory.BuildQueue | None,
+                      config: Mapping[str, Any]) -> object:
+    checkpoint_chain(session)
+    session.commit()  # the row stands even if the anchor store fails
+    return anchor_head(session, Anchoring.from_settings(config))
+
+
 PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
-    PeriodicTask("sweep", "BUILD_SWEEP_SECONDS", memory.sweep_builds),
+    PeriodicTask("sweep", "BUILD_SWEEP_SECONDS",
+                 lambda session, queue, config: memory.sweep_builds(session, queue)),
     PeriodicTask("idle_conversations", "BUILD_SWEEP_SECONDS",
-                 lambda session, queue: memory.request_idle_conversation_builds(
+                 lambda session, queue, config: memory.request_idle_conversation_builds(
                      session, idle_minutes=queue.settings.idle_minutes)),
     PeriodicTask("schedule", "BUILD_SCHEDULE_SECONDS",
-                 lambda session, queue: memory.request_scheduled_builds(
+                 lambda session, queue, config: memory.request_scheduled_builds(
                      session, margin_seconds=queue.settings.schedule_margin_seconds)),
-    PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS",
-                 lambda session, queue: checkpoint_chain(session)),
+    PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS", _audit_checkpoint),
     PeriodicTask("erasure_vacuum", "ERASURE_VACUUM_SECONDS", _erasure_vacuum),
 )
 
@@ -59,10 +69,26 @@ def run_due_tasks(session: Session, config: Mapping[str, Any], queue: memory.Bui
         try:
             if not claim_lease(session, task.name, every, holder):
                 continue
-            task.run(session, queue)
+            task.run(session, queue, config)
             session.commit()
             ran.append(task.name)
         except Exception as exc:
             session.rollback()
             log.warning("periodic task %s failed: %s", task.name, type(exc).__name__)
     return ran
+
+
+def checkpoint_at_shutdown(session: Session, config: Mapping[str, Any]) -> bool:
+    """The audit checkpoint and its anchor once more, out of turn (no lease), as a worker
+    stops: the events of its last seconds are not left for another worker's next pass,
+    or for none. Off with the periodic one; whether it ran."""
+    if not config["AUDIT_CHECKPOINT_SECONDS"]:
+        return False
+    try:
+        _audit_checkpoint(session, None, config)
+        session.commit()
+        return True
+    except Exception as exc:
+        session.rollback()
+        log.warning("the audit checkpoint at shutdown failed: %s", type(exc).__name__)
+        return False

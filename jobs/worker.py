@@ -1,6 +1,7 @@
 """The build worker: an RQ worker with the app context, plus one maintenance thread that
 moves RQ's retries along and runs the periodic tasks (sweep, idle conversations, the
-schedule) — each once per interval across all workers, by a lease in PostgreSQL.
+schedule, the audit checkpoint) — each once per interval across all workers, by a lease
+in PostgreSQL; and, as it stops, the audit checkpoint once more.
 
 Run it with ``flask worker`` (any number, on any number of machines). Nothing here forks
 a process of its own: RQ's scheduler runs in the maintenance thread (under RQ's own
@@ -29,7 +30,7 @@ from dashboard.embedded import die_with_parent
 from dashboard.extensions import db
 from dashboard.queues import build_queue, redis_client
 from jobs.builds import work_horse_killed
-from jobs.periodic import run_due_tasks
+from jobs.periodic import checkpoint_at_shutdown, run_due_tasks
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,13 @@ def run_worker(app: Flask, *, burst: bool = False, simple: bool = False,
         _record_interrupted_build(app, worker)
         if thread is not None and thread.is_alive():
             thread.join(timeout=5)
+        if thread is not None:
+            # The worker that ran the periodic tasks writes the chain head down as it goes.
+            with app.app_context():
+                try:
+                    checkpoint_at_shutdown(db.session, app.config)
+                finally:
+                    db.session.remove()
 
 
 def _record_interrupted_build(app: Flask, worker: Worker) -> None:

@@ -30,6 +30,9 @@ IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 # beside a local run) never drop each other's schema. Left-overs of dead runs are dropped.
 TEST_DATABASE_PREFIX = "orbitpilot_test_"
 TEST_DATABASE = f"{TEST_DATABASE_PREFIX}{os.getpid()}"
+# The audit anchors' key for every app and process of a run: none is generated into the
+# repository's instance folder.
+TEST_ANCHOR_KEY = "test-audit-anchor-key"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -164,7 +167,41 @@ def _drop_own_database(app) -> None:
 
 
 @pytest.fixture(scope="session")
-def app():
+def anchor_environment(tmp_path_factory) -> Iterator[Path]:
+    """The audit anchors' key and file for this run, in the environment (so the workers
+    and servers the tests start inherit them): anchors go to a temporary folder, never
+    into the repository."""
+    folder = tmp_path_factory.mktemp("audit-anchors")
+    values = {"AUDIT_ANCHOR_KEY": TEST_ANCHOR_KEY,
+              "AUDIT_ANCHOR_PATH": str(folder / "anchors.jsonl")}
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    yield folder
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def anchors_of_this_test(request, tmp_path_factory) -> Iterator[None]:
+    """Each test's own anchor file: its events are rolled back, but anchors written of
+    them would stay and contradict the next test's chain."""
+    if "app" not in request.fixturenames:
+        yield
+        return
+    app = request.getfixturevalue("app")
+    saved = app.config.get("AUDIT_ANCHOR_PATH")
+    app.config["AUDIT_ANCHOR_PATH"] = str(tmp_path_factory.mktemp("anchors") / "anchors.jsonl")
+    try:
+        yield
+    finally:
+        app.config["AUDIT_ANCHOR_PATH"] = saved
+
+
+@pytest.fixture(scope="session")
+def app(anchor_environment):
     from dashboard.queues import build_queue
 
     app = create_app(make_test_config())

@@ -222,18 +222,19 @@ class UserView(AdminOnlyView):
 
 
 class ApiKeyView(AdminOnlyView):
-    """Keys are listed and revoked here; the secret itself was shown once, to its owner,
-    and only its hash is stored (and never shown)."""
+    """Keys are listed and revoked here, by id and prefix; the secret itself was shown
+    once, to its owner, and only its hash is stored (and never shown). The name is the
+    owner's own words: only their key page shows it, and it is not searchable here."""
 
     can_create = can_edit = can_delete = False
     action_disallowed_list = ["delete"]
-    column_list = ("id", "owner.email", "name", "prefix", "scopes", "created_at",
-                   "expires_at", "last_used_at", "revoked_at")
+    column_list = ("id", "owner.email", "prefix", "scopes", "created_at", "expires_at",
+                   "last_used_at", "revoked_at")
     column_details_list = column_list
     column_labels = {"owner.email": "Owner"}
     column_sortable_list = ("id", "created_at", "last_used_at", "revoked_at")
     column_filters = ("owner.email", "prefix", "revoked_at", "expires_at")
-    column_searchable_list = ("prefix", "name")
+    column_searchable_list = ("prefix",)
     column_default_sort = ("id", True)
     named_filter_urls = True
 

@@ -1,14 +1,14 @@
 """The audit log: ``record_event`` for every audited action (in the caller's transaction,
 under the chain's lock), a hash chain that makes any later change to a row visible,
-checkpoints of its head, and a verifier. Events never hold content.
-docs/architecture/audit.md says why."""
+checkpoints of its head, signed anchors of it outside the database, and a verifier.
+Events never hold content. docs/architecture/audit.md says why."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -17,6 +17,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from dashboard.audit.anchors import Anchor, Anchoring, AnchorLog, encode
 from dashboard.audit.models import AuditCheckpoint, AuditEvent
 
 GENESIS_HASH = "0" * 64
@@ -173,6 +174,21 @@ def checkpoint_chain(session: Session) -> AuditCheckpoint | None:
     return session.get(AuditCheckpoint, written) if written is not None else None
 
 
+def anchor_head(session: Session, anchoring: Anchoring, *,
+                now: datetime | None = None) -> Anchor | None:
+    """Sign the committed chain head and append it to the anchor store, unless the
+    store's newest anchor is that far already (or further, as after a cut: verify tells
+    then). Like ``checkpoint_chain``, no lock; two processes at once may append the
+    same head twice, which is harmless."""
+    seq, head_hash = _chain_head(session)
+    newest = anchoring.newest()
+    if seq == 0 or (newest is not None and newest.seq >= seq):
+        return None
+    anchor = Anchor(seq, head_hash, _timestamp(now or datetime.now(UTC)))
+    anchoring.store.append(encode(anchoring.key, anchor))
+    return anchor
+
+
 @dataclass(frozen=True)
 class Verification:
     events: int
@@ -182,18 +198,40 @@ class Verification:
     broken_event_id: int | None = None
     broken_seq: int | None = None
     reason: str | None = None
+    # The anchors the chain was checked against (None: it was not), and what is wrong
+    # with their store, if anything.
+    anchors: AnchorLog | None = None
+    anchors_matched: int = 0
+
+    @property
+    def anchor_problem(self) -> str | None:
+        return self.anchors.problem if self.anchors is not None else None
 
     @property
     def ok(self) -> bool:
-        return self.reason is None
+        return self.reason is None and self.anchor_problem is None
 
     def describe(self) -> str:
+        lines = []
+        if self.reason is not None:
+            where = (f"event id {self.broken_event_id} (seq {self.broken_seq})"
+                     if self.broken_event_id is not None else f"seq {self.broken_seq}")
+            lines.append(f"BROKEN at {where}: {self.reason}")
+        if self.anchor_problem is not None:
+            lines.append(f"BROKEN anchors: {self.anchor_problem}")
         if self.ok:
-            return (f"OK: {self.events} events, chain head seq {self.head_seq} hash "
-                    f"{self.head_hash}, {self.checkpoints} checkpoint(s) matched.")
-        where = (f"event id {self.broken_event_id} (seq {self.broken_seq})"
-                 if self.broken_event_id is not None else f"seq {self.broken_seq}")
-        return f"BROKEN at {where}: {self.reason}"
+            lines.append(f"OK: {self.events} events, chain head seq {self.head_seq} hash "
+                         f"{self.head_hash}, {self.checkpoints} checkpoint(s) matched"
+                         f"{self._anchor_summary()}.")
+        return "\n".join(lines)
+
+    def _anchor_summary(self) -> str:
+        if self.anchors is None:
+            return ""
+        if not self.anchors.heads:
+            return f", no anchor yet in {self.anchors.where}"
+        return (f", {self.anchors_matched} signed anchor(s) matched (the newest: seq "
+                f"{self.anchors.newest_seq}, in {self.anchors.where})")
 
 
 def _events_in_order(session: Session, batch: int) -> Iterator[Any]:
@@ -212,26 +250,36 @@ def _events_in_order(session: Session, batch: int) -> Iterator[Any]:
 
 
 def verify_chain(session: Session, *, batch: int = 5000,
-                 expect: dict[int, str] | None = None) -> Verification:
-    """Recompute every hash and link in order; check each checkpoint against the chain.
-    Stops at the first broken link and names it.
+                 expect: dict[int, str] | None = None,
+                 anchors: AnchorLog | None = None) -> Verification:
+    """Recompute every hash and link in order; check each checkpoint and each signed
+    anchor against the chain. Stops at the first broken link and names it.
 
     ``expect``: chain heads kept outside this database (seq → hash, e.g. from an earlier
     ``verify`` printed into a ticket), checked like checkpoints — a forger who can
-    rewrite the log and its checkpoint table still cannot match those."""
+    rewrite the log and its checkpoint table still cannot match those. ``anchors``
+    (``read_anchors``): the same, signed, and the newest names where the log must
+    reach at least: short of it, the log was cut short."""
+    result = _verify(session, batch, expect or {}, anchors.heads if anchors else {})
+    return replace(result, anchors=anchors)
+
+
+def _verify(session: Session, batch: int, expect: dict[int, str],
+            anchored: dict[int, str]) -> Verification:
     checkpoints = dict(session.execute(
         select(AuditCheckpoint.seq, AuditCheckpoint.hash).order_by(AuditCheckpoint.seq)
     ).all())
-    for seq, expected_hash in (expect or {}).items():
+    for seq, expected_hash in expect.items():
         if checkpoints.get(seq, expected_hash) != expected_hash:
             return Verification(0, 0, 0, GENESIS_HASH, None, seq,
                                 f"the checkpoint table's hash for seq {seq} differs from "
                                 "the one you gave")
         checkpoints[seq] = expected_hash
-    count, prev_seq, prev_hash, matched = 0, 0, GENESIS_HASH, 0
+    count, prev_seq, prev_hash, matched, anchors_matched = 0, 0, GENESIS_HASH, 0, 0
 
     def broken(event: Any, reason: str) -> Verification:
-        return Verification(count, matched, prev_seq, prev_hash, event.id, event.seq, reason)
+        return Verification(count, matched, prev_seq, prev_hash, event.id, event.seq, reason,
+                            anchors_matched=anchors_matched)
 
     for event in _events_in_order(session, batch):
         if event.seq != prev_seq + 1:
@@ -246,10 +294,21 @@ def verify_chain(session: Session, *, batch: int = 5000,
             if checkpoints[event.seq] != event.hash:
                 return broken(event, "it differs from the checkpoint written for it")
             matched += 1
+        if event.seq in anchored:
+            if anchored[event.seq] != event.hash:
+                return broken(event, "it differs from the signed anchor written for it")
+            anchors_matched += 1
         count, prev_seq, prev_hash = count + 1, event.seq, event.hash
+    newest = max(anchored, default=0)
+    if newest > prev_seq:
+        return Verification(count, matched, prev_seq, prev_hash, None, prev_seq + 1,
+                            f"the newest anchor (signed, outside the database) names seq "
+                            f"{newest}, but the log ends at seq {prev_seq}: it was cut "
+                            f"short after seq {prev_seq}", anchors_matched=anchors_matched)
     beyond = [seq for seq in checkpoints if seq > prev_seq]
     if beyond:
         return Verification(count, matched, prev_seq, prev_hash, None, min(beyond),
                             f"a checkpoint names seq {min(beyond)}, but the log ends at "
-                            f"seq {prev_seq}: it was cut short")
-    return Verification(count, matched, prev_seq, prev_hash)
+                            f"seq {prev_seq}: it was cut short",
+                            anchors_matched=anchors_matched)
+    return Verification(count, matched, prev_seq, prev_hash, anchors_matched=anchors_matched)

@@ -4,7 +4,8 @@ granted ``memory:hard_delete`` by an admin only, revoked by their owner or staff
 A key is ``op_<12 hex>_<43 urlsafe>``: the first 15 characters are the stored, visible
 prefix (for lookup); the whole string is hashed. A key is revoked, never deleted: the
 memories it saved keep their attribution and the audit log its history. Audit events name
-the key by id and prefix — never the secret or its hash."""
+the key by id and prefix — never the secret, its hash, or the name its owner gave it (the
+owner's own words, which staff pages never show)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def _new_prefix(session: Session) -> str:
 
 
 def _audit_details(key: ApiKey) -> dict[str, object]:
-    return {"name": key.name, "prefix": key.prefix, "scopes": list(key.scopes),
+    return {"prefix": key.prefix, "scopes": list(key.scopes),
             "expires_at": key.expires_at.isoformat() if key.expires_at else None}
 
 
@@ -139,7 +140,7 @@ def grant_hard_delete(session: Session, key: ApiKey, *, actor: Actor) -> bool:
     session.flush()
     record_event(session, action="api_key.grant", actor=actor, owner_id=key.owner_id,
                  target_type="api_key", target_id=key.id,
-                 details={"name": key.name, "prefix": key.prefix, "scope": HARD_DELETE,
+                 details={"prefix": key.prefix, "scope": HARD_DELETE,
                           "before": {"scopes": before}, "after": {"scopes": list(key.scopes)}})
     return True
 

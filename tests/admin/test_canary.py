@@ -1,8 +1,9 @@
 """No staff page and no audit event ever holds content.
 
-A user's messages, Blinks, saved memories, documents, profile facts and memory chunks all
-carry one unique canary string; audited actions touch that user (plan switch, builds,
-key revocation, assignment and cap changes of their plan). Then every staff page is
+A user's messages, Blinks, saved memories, documents, profile facts, memory chunks, display
+name and API key name all carry one unique canary string; audited actions touch that user
+(plan switch, builds, key creation, grant and revocation, assignment and cap changes of
+their plan). Then every staff page is
 crawled as admin and as support — every link reachable from the staff home, the record
 pages, filtered lists, CSV exports, the support pages — and none contains the canary;
 neither does any audit event, in any column.
@@ -19,11 +20,11 @@ import pytest
 from sqlalchemy import select
 
 from dashboard.audit.models import AuditEvent
-from dashboard.audit.services import SYSTEM
+from dashboard.audit.services import SYSTEM, Actor
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
-from dashboard.memories.keys import revoke_key
-from dashboard.memories.models import ApiKey, Memory
+from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
+from dashboard.memories.models import Memory
 from dashboard.memories.services import forget_memory
 from dashboard.memory import MemoryBuild, MemoryChunk, request_builds_by_staff
 from dashboard.memory.embedders import HashingEmbedder
@@ -45,11 +46,14 @@ def canary_world(db_session):
     canary = f"canary-{uuid.uuid4().hex}"
     plan = make_plan(db_session, name="Canary plan", cap=5)
     owner = make_user(db_session, plan=plan, email="canary-owner@example.test")
+    owner.display_name = f"{canary} display name"
     make_conversation(db_session, owner, [(f"{canary} question", f"{canary} answer"),
                                           (f"{canary} private", f"{canary} reply")],
                       flagged={1}, title=f"{canary} conversation")
-    key = ApiKey(owner_id=owner.id, name="connector", prefix="op_canary", key_hash="x",
-                 scopes=["memory:read", "memory:write"])
+    # Created and granted through the services, as the key pages and the console do: the
+    # audit events those write are scanned too.
+    key, _ = create_key(db_session, owner=owner, name=f"{canary} key name",
+                        scopes=["memory:read", "memory:write"], actor=Actor.of(owner))
     db_session.add_all([
         Blink(user_id=owner.id, title=f"{canary} blink title", content=f"{canary} blink"),
         ProfileFact(user_id=owner.id, key="city", value=f"{canary} city"),
@@ -57,7 +61,6 @@ def canary_world(db_session):
                metadata_={"note": f"{canary} metadata"}, source="chatgpt"),
         Document(user_id=owner.id, title="notes", filename="notes.md",
                  content=f"{canary} document text"),
-        key,
     ])
     db_session.flush()
     # A real build: the chunks carry the canary, the build record its counts.
@@ -72,6 +75,9 @@ def canary_world(db_session):
     request_builds_by_staff(db_session, [owner.id], mode="quick", actor=SYSTEM)
     set_assignment(db_session, plan, SAVED, "off", actor=SYSTEM)
     set_cap(db_session, plan, 4, actor=SYSTEM)
+    make_user(db_session, role="support", email="canary-support@example.test")
+    admin = make_user(db_session, role="admin", email="canary-admin@example.test")
+    grant_hard_delete(db_session, key, actor=Actor.of(admin))
     revoke_key(db_session, key, actor=SYSTEM)
     # Erasures whose reason and replacement text carry the canary: the markers pages
     # show neither.
@@ -82,8 +88,6 @@ def canary_world(db_session):
                   reason=f"{canary} reason")
     forget_memory(db_session, owner.id, forgotten.id, mode="redact", actor=SYSTEM,
                   reason=f"{canary} reason", replacement_content=f"{canary} replacement")
-    for role in ("support", "admin"):
-        make_user(db_session, role=role, email=f"canary-{role}@example.test")
     db_session.commit()
     return canary, owner, plan
 
@@ -151,7 +155,8 @@ def test_no_staff_page_and_no_audit_event_holds_content(client, auth, db_session
     assert any("/admin/markers/details/?id=" in path for path in pages)
 
     events = db_session.scalars(select(AuditEvent)).all()
-    assert {"build.request", "assignment.set", "plan.cap", "api_key.revoke"} <= {
+    assert {"build.request", "assignment.set", "plan.cap", "api_key.create", "api_key.grant",
+            "api_key.revoke"} <= {
         e.action for e in events if e.owner_id == owner.id or e.target_id == str(plan.id)}
     for event in events:
         values = [getattr(event, column.key) for column in AuditEvent.__table__.columns]

@@ -4,9 +4,10 @@ link; checkpoints of the chain head show a log that was cut short.
 
 Tampering needs the owner role with the guard switched off (the app role cannot switch
 it off, see test_append_only.py). Those tests do it on one owner connection in one
-transaction that is rolled back, the trigger switch included, so nothing persists.
-Other tests of a full run may have committed events, so nothing here assumes the chain
-starts at seq 1 — except the concurrency test, which runs in a scratch database."""
+transaction that is rolled back, the trigger switch included, so nothing persists
+(``owner_session``, tests/audit/conftest.py). Other tests of a full run may have
+committed events, so nothing here assumes the chain starts at seq 1 — except the
+concurrency test, which runs in a scratch database."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from dashboard import create_app
 from dashboard.audit.models import AuditCheckpoint, AuditEvent
@@ -32,7 +33,7 @@ from dashboard.audit.services import (
     verify_chain,
 )
 from dashboard.extensions import db
-from tests.conftest import _TestScopedSession, make_test_config, server_admin_url
+from tests.conftest import make_test_config, server_admin_url
 
 DISABLE_GUARD = "ALTER TABLE audit_events DISABLE TRIGGER audit_events_no_update_delete"
 
@@ -59,27 +60,6 @@ def verify_cli(runner, session) -> tuple[int, str]:
     finally:
         db.session = original
     return result.exit_code, result.output.strip()
-
-
-@pytest.fixture
-def owner_session(app) -> Iterator[Session]:
-    """A session as the owner role on one connection in one transaction, rolled back at
-    the end (the trigger switch with it). A plain ``Session`` would not survive the CLI's
-    app context ending (Flask-SQLAlchemy calls ``remove`` then)."""
-    engine = create_engine(app.config["MIGRATIONS_DATABASE_URI"])
-    connection = engine.connect()
-    transaction = connection.begin()
-    # Fail instead of waiting forever if another connection holds the table.
-    connection.execute(text("SET LOCAL lock_timeout = '10s'"))
-    session = _TestScopedSession(sessionmaker(bind=connection,
-                                              join_transaction_mode="create_savepoint"))
-    try:
-        yield session
-    finally:
-        session.end()
-        transaction.rollback()
-        connection.close()
-        engine.dispose()
 
 
 # -- appending ------------------------------------------------------------------------------
@@ -236,12 +216,14 @@ def test_checkpoint_writes_the_head_and_nothing_when_it_has_not_moved(db_session
     assert result.ok and result.checkpoints >= 2
 
 
-def test_the_checkpoint_command_says_what_it_wrote(runner, db_session):
+def test_the_checkpoint_command_says_what_it_wrote(app, runner, db_session):
     (event,) = record(db_session, 1)
     first = runner.invoke(args=["audit", "checkpoint"])
     again = runner.invoke(args=["audit", "checkpoint"])
     assert first.exit_code == 0
-    assert first.output.strip() == f"Checkpoint at seq {event.seq}: {event.hash}"
+    assert first.output.splitlines() == [
+        f"Checkpoint at seq {event.seq}: {event.hash}",
+        f"Signed anchor of seq {event.seq} appended to {app.config['AUDIT_ANCHOR_PATH']}."]
     assert again.output.strip() == "No new events since the last checkpoint."
 
 

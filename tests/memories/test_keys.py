@@ -77,14 +77,15 @@ def test_a_new_key_is_returned_once_and_only_its_prefix_and_hash_are_stored(db_s
     assert not any(body in record.getMessage() for record in caplog.records)
 
 
-def test_creation_is_audited_with_name_prefix_scopes_and_expiry(db_session, owner):
+def test_creation_is_audited_with_prefix_scopes_and_expiry_but_not_the_name(db_session,
+                                                                             owner):
     expires = NOW + timedelta(days=30)
     key, _ = new_key(db_session, owner, expires_at=expires, now=NOW)
     (event,) = events_of(db_session, key)
     assert (event.action, event.actor_type, event.actor_id, event.owner_id) == (
         "api_key.create", "user", str(owner.id), owner.id)
-    assert event.details == {"name": "connector", "prefix": key.prefix,
-                             "scopes": ["memory:read"], "expires_at": expires.isoformat()}
+    assert event.details == {"prefix": key.prefix, "scopes": ["memory:read"],
+                             "expires_at": expires.isoformat()}
 
 
 def test_two_keys_get_different_prefixes_and_secrets(db_session, owner):
@@ -224,7 +225,7 @@ def test_an_admin_grants_hard_delete_once_audited(db_session, owner):
     (event,) = events_of(db_session, key, "api_key.grant")
     assert (event.actor_type, event.actor_id, event.owner_id) == ("admin", str(admin.id),
                                                                    owner.id)
-    assert event.details == {"name": "connector", "prefix": key.prefix, "scope": HARD_DELETE,
+    assert event.details == {"prefix": key.prefix, "scope": HARD_DELETE,
                              "before": {"scopes": ["memory:read", "memory:delete"]},
                              "after": {"scopes": ["memory:read", "memory:delete",
                                                   HARD_DELETE]}}
@@ -263,8 +264,8 @@ def test_revocation_is_audited_once_without_the_secret(db_session, owner):
     assert revoke_key(db_session, key, actor=Actor.of(owner), now=NOW) is False
     (event,) = events_of(db_session, key, "api_key.revoke")
     assert (event.actor_type, event.owner_id) == ("user", owner.id)
-    assert event.details == {"name": "connector", "prefix": key.prefix,
-                             "scopes": ["memory:read"], "expires_at": None,
+    assert event.details == {"prefix": key.prefix, "scopes": ["memory:read"],
+                             "expires_at": None,
                              "before": {"revoked_at": None},
                              "after": {"revoked_at": NOW.isoformat()}}
     assert secret not in all_text(db_session, "audit_events")
