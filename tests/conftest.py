@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -43,6 +45,22 @@ def pytest_runtest_makereport(item, call):
     if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped in CI (CI=true), which counts as a failure: {report.longrepr}"
+
+
+# A temporary folder of this run's own: pytest sets its shared /tmp/pytest-of-<user> to 0700
+# whenever any session starts, which locks the embedded PostgreSQL's system user out of
+# the folders another run gave it (initdb: "Permission denied"). Removed after a green run.
+RUN_TEMP = Path(tempfile.gettempdir()) / f"orbitpilot-pytest-{os.getpid()}"
+
+
+def pytest_configure(config):
+    if config.option.basetemp is None:
+        config.option.basetemp = str(RUN_TEMP)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if exitstatus == 0 and Path(session.config.option.basetemp) == RUN_TEMP:
+        shutil.rmtree(RUN_TEMP, ignore_errors=True)
 
 
 # -- the URL walk's options (tests/test_url_walk.py) ----------------------------------------
