@@ -3,6 +3,8 @@ on its first use), and the engine's ``BuildQueue`` bound to the app's database e
 
 from __future__ import annotations
 
+import weakref
+
 from flask import Flask, current_app
 from redis import Redis
 
@@ -30,8 +32,11 @@ def build_queue(app: Flask | None = None) -> BuildQueue:
 
 
 def init_queue(app: Flask) -> None:
-    """After the database: jobs asked for in this app's transactions go to its queue."""
-    queue = BuildQueue(lambda: redis_client(app), settings_from(app.config))
+    """After the database: jobs asked for in this app's transactions go to its queue.
+    The queue reaches its app weakly: the engine it is bound by must not keep the app."""
+    app_ref = weakref.ref(app)
+    queue = BuildQueue(lambda: redis_client(app_ref()),
+                       lambda: settings_from(app_ref().config))
     app.extensions["orbitpilot.build_queue"] = queue
     with app.app_context():
         bind_queue(db.engine, queue)

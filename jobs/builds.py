@@ -28,9 +28,10 @@ def fan_out_plan(plan_id: int, mode: str = "quick", trigger: str = "plan_change"
     with app.app_context():
         db.engine.dispose(close=False)
         try:
-            return memory.fan_out_plan_builds(
-                db.session, plan_id, batch_size=app.config["BUILD_FANOUT_BATCH"], mode=mode,
-                trigger=trigger, requested_by_id=requested_by_id)
+            batch = memory.settings_from(app.config).fanout_batch
+            return memory.fan_out_plan_builds(db.session, plan_id, batch_size=batch,
+                                              mode=mode, trigger=trigger,
+                                              requested_by_id=requested_by_id)
         finally:
             db.session.remove()
 

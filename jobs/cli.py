@@ -57,9 +57,10 @@ def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
         plan = accounts.find_plan(db.session, plan_ref)
     except accounts.AccountError as exc:
         _fail(exc.sentence)
-    total = memory.fan_out_plan_builds(
-        db.session, plan.id, batch_size=current_app.config["BUILD_FANOUT_BATCH"], mode=mode,
-        trigger="admin")
+    # Also notes the plan as fanned out: every active user has just been requested.
+    total = memory.fan_out_plan_builds(db.session, plan.id,
+                                       batch_size=build_queue().settings.fanout_batch,
+                                       mode=mode, trigger="admin")
     # Recorded once the requests are in, in a short transaction of its own: the chain's
     # lock is never held across the batches.
     record_event(db.session, action="build.request_plan", actor=CLI_ACTOR, target_type="plan",

@@ -86,8 +86,35 @@ def _own(target: str) -> str | None:
 
 
 def _is_edge(name: str) -> bool:
-    return (name in EDGE_MODULES or name.split(".")[-1] in EDGE_NAMES
+    """An edge: listed, or a domain's page/API module (``dashboard.<domain>.views`` …)."""
+    parts = name.split(".")
+    return (name in EDGE_MODULES or (len(parts) == 3 and parts[2] in EDGE_NAMES)
             or name.startswith(EDGE_PACKAGES) or name.startswith("jobs"))
+
+
+def _door_aliases(tree: ast.AST) -> dict[str, str]:
+    """Names a module gives a front door (``from dashboard import memory``, ``import
+    dashboard.memory as engine``): alias -> the door."""
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in FRONT_DOORS:
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in FRONT_DOORS and alias.asname:
+                    aliases[alias.asname] = alias.name
+    return aliases
+
+
+def _public(door: str) -> set[str]:
+    tree = ast.parse(MODULES[door].read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{door} has no __all__")
 
 
 def test_other_packages_reach_the_engine_and_the_servers_through_their_front_doors():
@@ -100,6 +127,38 @@ def test_other_packages_reach_the_engine_and_the_servers_through_their_front_doo
                         and not (name == APP_FACTORY and target in BLUEPRINTS):
                     wrong.append(f"{name} imports {target} (use {door})")
     assert wrong == []
+
+
+def test_what_goes_through_a_front_door_is_on_its_list():
+    """``memory.pipeline.x`` would slip past the import check: every name taken from a
+    front door (an attribute of it, or imported from it) is one its ``__all__`` names."""
+    wrong = []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        for door in FRONT_DOORS:
+            if name == door or name.startswith(door + "."):
+                continue
+            public = _public(door)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module == door:
+                    wrong += [f"{name} imports {door}.{a.name}" for a in node.names
+                              if a.name not in public]
+            for alias, target in _door_aliases(tree).items():
+                if target != door:
+                    continue
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                            and node.value.id == alias and node.attr not in public:
+                        wrong.append(f"{name} uses {door}.{node.attr}")
+    assert wrong == []
+
+
+def test_every_refusal_kind_has_an_answer_at_each_edge():
+    from dashboard.errors import PAGE_STATUS
+    from dashboard.memories.api import REFUSALS
+    from dashboard.refusals import KINDS
+
+    assert set(PAGE_STATUS) == set(KINDS) == set(REFUSALS)
 
 
 def test_service_modules_import_no_web_framework():
@@ -156,7 +215,11 @@ def test_the_checks_see_what_they_claim_to(tmp_path):
     assert "dashboard.memory" in imports_of("dashboard.memories.services")
     assert "dashboard.memory.models" in imports_of("dashboard.memory.pipeline")
     assert not _is_edge("dashboard.memory.pipeline") and _is_edge("dashboard.memory.views")
+    assert not _is_edge("dashboard.memory.x.views")
     assert any(t.startswith("flask") for t in imports_of("dashboard.memory.views"))
+    assert _door_aliases(ast.parse("from dashboard import memory")) == \
+        {"memory": "dashboard.memory"}
+    assert "execute_build" in _public("dashboard.memory")
 
 
 SOURCE_TREES = ("dashboard", "jobs", "tests", "bench", "migrations", "scripts")

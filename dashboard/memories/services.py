@@ -423,7 +423,8 @@ def receipts_of_memory(session: Session, owner_id: int, memory_id: object) -> li
 
 
 def _forget_chunks(session: Session, memory: Memory) -> int:
-    return forget_chunks(session, memory.owner_id, SAVED, [str(memory.id)])
+    # The caller took the build lock first (wait_for_builds), before any row write.
+    return forget_chunks(session, memory.owner_id, SAVED, [str(memory.id)], locked=True)
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,10 @@ def _factory(setting: str) -> Callable[[], Embedder]:
     if module and attribute:
         try:
             return getattr(importlib.import_module(module), attribute)
-        except (ImportError, AttributeError):
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # the module exists, and fails to import: say so
+                raise
+        except AttributeError:
             pass
     raise ValueError(f"unknown EMBEDDER {setting!r}; choose one of: {', '.join(_FACTORIES)}, "
                      "or module:Class")

@@ -66,15 +66,19 @@ def wait_for_builds(session: Session, user_id: int, *, wait: str | None = None) 
 
 
 def forget_chunks(session: Session, user_id: int, source_key: str,
-                  source_ids: Iterable[str], *, wait: str | None = None) -> int:
-    """Delete the chunks of these records now, under the user's build lock (taken here if
-    the caller has not: it must be, before any row of the transaction is written, or a
-    build job waiting on such a row would deadlock with it); how many went. Recall stops
-    returning them at the caller's commit."""
+                  source_ids: Iterable[str], *, locked: bool = False,
+                  wait: str | None = None) -> int:
+    """Delete the chunks of these records now, under the user's build lock; how many
+    went. Recall stops returning them at the caller's commit. The lock must come before
+    any row this transaction writes (a build job waiting on such a row while this waits
+    for its lock would deadlock): a caller that writes first takes it with
+    ``wait_for_builds`` at its start and passes ``locked=True``; otherwise it is taken
+    here."""
     ids = list(source_ids)
     if not ids:
         return 0
-    wait_for_builds(session, user_id, wait=wait)
+    if not locked:
+        wait_for_builds(session, user_id, wait=wait)
     result = session.execute(delete(MemoryChunk).where(
         MemoryChunk.user_id == user_id, MemoryChunk.source_key == source_key,
         MemoryChunk.source_id == func.any(bindparam("ids", ids, type_=ARRAY(

@@ -15,6 +15,7 @@ from rq.job import Job, JobStatus
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
+from dashboard.memory.models import MemoryBuild
 from dashboard.memory.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,17 @@ def fanout_job_id(plan_id: int) -> str:
 
 class BuildQueue:
     """Pushes build and fan-out jobs (ids and modes only, never content) with the
-    configured timeout and retries. ``connect`` gives the app's Redis client."""
+    configured timeout and retries. ``connect`` gives the app's Redis client, ``settings``
+    the engine's settings as they are now."""
 
-    def __init__(self, connect: Callable[[], Redis], settings: EngineSettings) -> None:
+    def __init__(self, connect: Callable[[], Redis],
+                 settings: Callable[[], EngineSettings]) -> None:
         self._connect = connect
-        self.settings = settings
+        self._settings = settings
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self._settings()
 
     @property
     def redis(self) -> Redis:
@@ -102,18 +109,25 @@ class BuildQueue:
             return []
 
 
+# Weak, so a dropped app's engine goes (the queue must not hold its app strongly).
 _BOUND: weakref.WeakKeyDictionary[Engine, BuildQueue] = weakref.WeakKeyDictionary()
+
+
+def _base(engine: Engine) -> Engine:
+    # An engine made with ``execution_options`` proxies the one it was made from.
+    return getattr(engine, "_proxied", engine)
 
 
 def bind_queue(engine: Engine, queue: BuildQueue) -> None:
     """Jobs asked for in transactions on ``engine`` are pushed to ``queue`` at commit."""
-    _BOUND[engine] = queue
+    _BOUND[_base(engine)] = queue
 
 
 def queue_for(session: Session) -> BuildQueue | None:
-    """The queue bound to the engine ``session`` writes to, if any."""
+    """The queue bound to the engine ``session`` writes build rows with, if any."""
     try:
-        bind = session.get_bind()
+        bind = session.get_bind(mapper=MemoryBuild)
     except Exception:  # an app-bound session used outside its app: nothing to push to
         return None
-    return _BOUND.get(getattr(bind, "engine", bind))
+    engine = getattr(bind, "engine", bind)
+    return _BOUND.get(_base(engine)) if engine is not None else None

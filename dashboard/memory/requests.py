@@ -91,9 +91,10 @@ def request_builds(
         set_={"mode": _merge_mode(stmt.excluded.mode)},
     ).returning(MemoryBuild.id, text("(xmax = 0) AS inserted"), MemoryBuild.user_id)
     requests = []
-    transaction = _transaction(_own(session))
+    rows = session.execute(stmt).all()
+    transaction = _transaction(_own(session))  # after the statement: it began one if needed
     book = _own(session).info.setdefault(_REQUESTED, [])
-    for build_id, inserted, user_id in session.execute(stmt).all():
+    for build_id, inserted, user_id in rows:
         if inserted:
             defer_job(session, ("build", build_id))
         request = BuildRequest(build_id, merged=not inserted, user_id=user_id)
@@ -231,8 +232,10 @@ def _own(session: Session | scoped_session) -> Session:
     return session() if isinstance(session, scoped_session) else session
 
 
-def _transaction(session: Session) -> SessionTransaction | None:
-    return session.get_nested_transaction() or session.get_transaction()
+def _transaction(session: Session) -> SessionTransaction:
+    """The innermost transaction, begun if none is yet: what a job or request made now
+    belongs to (a rollback of it drops them)."""
+    return session.get_nested_transaction() or session.get_transaction() or session.begin()
 
 
 def defer_job(session: Session | scoped_session, job: tuple[str, Any]) -> None:
@@ -272,8 +275,9 @@ def _push_after_commit(session: Session) -> None:
     if not pending:
         return
     queue = queue_for(session)
-    if queue is None:  # no queue bound (a bare engine): the sweeper pushes them
-        log.info("%d build job(s) left for the sweeper: no queue bound", len(pending))
+    if queue is None:  # no queue bound (a bare engine): the sweeper pushes builds later
+        log.warning("%d job(s) not pushed: no build queue is bound to this database "
+                    "engine (queued builds wait for the sweeper)", len(pending))
         return
     queue.push([job for _, job in pending])
 

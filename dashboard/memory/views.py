@@ -8,6 +8,7 @@ from flask_login import current_user, login_required
 from dashboard.extensions import db
 from dashboard.memory.embedders import embedder_model_name
 from dashboard.memory.requests import RateLimited, request_user_update
+from dashboard.memory.settings import settings_from
 from dashboard.memory.status import memory_status
 from dashboard.plans.sentences import GUEST_INVITATION
 from dashboard.plans.web import resolution_of
@@ -22,10 +23,11 @@ def status():
         return render_template("memory/guest.html", invitation=GUEST_INVITATION)
     # The request's cached plan: the chat notice on this page resolves the same one.
     resolution = resolution_of(current_user)
+    settings = settings_from(current_app.config)
     page = memory_status(db.session, current_user, resolution=resolution,
-                         embedder_name=embedder_model_name(current_app.config["EMBEDDER"]))
+                         embedder_name=embedder_model_name(settings.embedder))
     return render_template("memory/status.html", page=page,
-                           interval=current_app.config["USER_BUILD_INTERVAL_SECONDS"])
+                           interval=settings.user_build_interval)
 
 
 @bp.route("/update", methods=["POST"])
@@ -35,7 +37,7 @@ def update_now():
     try:
         asked = request_user_update(
             db.session, current_user,
-            interval=current_app.config["USER_BUILD_INTERVAL_SECONDS"])
+            interval=settings_from(current_app.config).user_build_interval)
     except RateLimited as exc:
         flash(exc.sentence, "warning")
         return redirect(url_for("memory.status"), 303)

@@ -180,8 +180,7 @@ def user_trace(session: Session, user_id: int) -> UserTrace | None:
     if user is None:
         return None
 
-    # The user's plan, not the signed-in staff member's: get_user_plan would cache per
-    # request and is for the current user.
+    # Read fresh: a staff page shows the plan the user is on now.
     plan = get_plan_for_user(user, session)
     if plan is None:  # None means a guest; a User row never is one, but never 500
         return None

@@ -77,6 +77,17 @@ def waits_on_build_lock(engine: Engine, pid: int, user_id: int) -> bool:
     return row is not None and tuple(row) == ("Lock", "advisory")
 
 
+def lock_waiters(engine: Engine, user_id: int) -> list[int]:
+    """Backends waiting (in state Lock/advisory) for ``user_id``'s build lock."""
+    with engine.connect() as probe:
+        return list(probe.scalars(text(
+            "SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = :ns "
+            "AND l.objid = :user AND l.objsubid = 2 AND a.wait_event_type = 'Lock' "
+            "AND a.wait_event = 'advisory'"),
+            {"ns": BUILD_LOCK_NAMESPACE, "user": user_id}))
+
+
 def wait_until(predicate, thread: threading.Thread | None = None,
                timeout: float = 30.0) -> bool:
     """Poll ``predicate`` until it holds (True), the deadline passes or ``thread`` ends

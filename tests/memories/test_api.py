@@ -23,11 +23,12 @@ from dashboard.memories.api import KEY_IN_URL
 from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
 from dashboard.memories.models import ApiKey, Memory
 from dashboard.memories.openapi import HEADER, PROBLEM
+from dashboard.memory import MemoryBuild
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import resolve_build_sources
 from dashboard.security import TOO_DEEP
 from dashboard.sources import SAVED
-from tests.factories import build, make_plan, make_user, plans_of
+from tests.factories import build, make_plan, make_user, plans_of, settle
 
 USER_SCOPES = ("memory:read", "memory:write", "memory:delete", "memory:redact")
 PROBLEM_KEYS = {"type", "title", "status", "detail"}
@@ -142,6 +143,19 @@ def test_save_answers_201_with_location_memory_notice_and_build(api, owner, key,
     assert response.headers["Cache-Control"] == "no-store"
     row = db_session.get(Memory, uuid.UUID(memory["id"]))
     assert row.api_key_id == key[0].id and row.owner_id == owner.id
+
+
+def test_the_build_a_save_answers_is_the_one_its_change_queued(api, owner, db_session):
+    """The first save queues the build (merged: false); a second, while it waits, joins
+    it (merged: true) — one queued row either way."""
+    settle(db_session)
+    first = api.post("/v1/memories", json={"content": "Likes green tea."}).get_json()
+    second = api.post("/v1/memories", json={"content": "Likes oolong."}).get_json()
+    assert first["build"]["merged"] is False and second["build"]["merged"] is True
+    assert first["build"]["id"] == second["build"]["id"]
+    queued = db_session.scalars(select(MemoryBuild.id).where(
+        MemoryBuild.user_id == owner.id, MemoryBuild.status == "queued")).all()
+    assert queued == [first["build"]["id"]]
 
 
 def test_save_says_remembered_in_the_status_pages_words(api, owner, db_session):

@@ -23,11 +23,11 @@ from dashboard.memories.services import (
     recall,
 )
 from dashboard.memory import MemoryBuild, MemoryChunk, get_embedder, locks, request_build
-from dashboard.memory.locks import BUILD_LOCK_NAMESPACE
 from dashboard.sources import SAVED
 from tests.factories import ALL_SCOPES, PausedEmbedder, make_memory
 from tests.memories.helpers import (
     backend_pid,
+    lock_waiters,
     markers_of,
     recalled_ids,
     wait_until,
@@ -63,17 +63,6 @@ def recalled_now(app, user_id: int, query: str = SECRET) -> set[str | None]:
 def build_record(build_id: int) -> MemoryBuild:
     with Session(db.engine, expire_on_commit=False) as session:
         return session.get(MemoryBuild, build_id)
-
-
-def lock_waiters(user_id: int) -> list[int]:
-    """Backends waiting (in state Lock/advisory) for ``user_id``'s build lock."""
-    with db.engine.connect() as probe:
-        return list(probe.scalars(text(
-            "SELECT l.pid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = :ns "
-            "AND l.objid = :user AND l.objsubid = 2 AND a.wait_event_type = 'Lock' "
-            "AND a.wait_event = 'advisory'"),
-            {"ns": BUILD_LOCK_NAMESPACE, "user": user_id}))
 
 
 def saved_pair(committed):
@@ -180,8 +169,8 @@ def test_a_build_that_starts_during_a_forget_waits_and_does_not_bring_it_back(
         forget_pid = backend_pid(forget_session)
         builder.start()
         # The build waits for the forget's lock: one waiter, and not the forget itself.
-        assert wait_until(lambda: len(lock_waiters(user.id)) == 1, builder)
-        assert forget_pid not in lock_waiters(user.id)
+        assert wait_until(lambda: len(lock_waiters(db.engine, user.id)) == 1, builder)
+        assert forget_pid not in lock_waiters(db.engine, user.id)
         assert built == []
         forget_session.commit()
     finally:

@@ -19,6 +19,7 @@ from dashboard.memory.queue import build_job_id
 from dashboard.memory.requests import (
     BuildRequestError,
     RateLimited,
+    build_for_change,
     request_build,
     request_builds_for_plan,
     request_user_update,
@@ -27,7 +28,14 @@ from dashboard.orbitpilot.models import Conversation
 from dashboard.orbitpilot.services import end_conversation
 from dashboard.plans.models import Plan
 from dashboard.queues import build_queue, redis_client
-from tests.factories import default_plan, make_conversation, make_plan, make_user
+from tests.factories import (
+    default_plan,
+    make_blink,
+    make_conversation,
+    make_plan,
+    make_user,
+    settle,
+)
 
 
 def queued(session, user_id):
@@ -250,3 +258,93 @@ def test_fifty_simultaneous_requests_make_one_build(app, committed):
     assert outcomes.count(False) == 1 and len(outcomes) == 50
     assert queue.job_ids == [build_job_id(builds[0].id)]
     queue.empty()
+
+
+# -- the request a write's flush made, reused (build_for_change) ------------------------------
+
+def test_a_write_reuses_the_request_its_flush_made_for_that_user(db_session, queue):
+    one, two = make_user(db_session), make_user(db_session)
+    settle(db_session)
+    make_blink(db_session, one, "a change of one's content")  # the listener's request
+    first = build_for_change(db_session, one.id)
+    assert [b.id for b in queued(db_session, one.id)] == [first.build_id]
+    assert not first.merged
+    # Another user has no such request: one is made, the first is untouched.
+    other = build_for_change(db_session, two.id)
+    assert other.user_id == two.id and other.build_id != first.build_id
+    assert build_for_change(db_session, one.id) == first
+
+
+def test_a_request_rolled_back_with_its_savepoint_is_not_reused(db_session, queue):
+    user = make_user(db_session)
+    settle(db_session)
+    savepoint = db_session.begin_nested()
+    make_blink(db_session, user, "undone")
+    undone = build_for_change(db_session, user.id)
+    savepoint.rollback()
+    again = build_for_change(db_session, user.id)
+    assert again.build_id != undone.build_id
+    assert [b.id for b in queued(db_session, user.id)] == [again.build_id]
+
+
+def test_a_request_made_first_in_a_transaction_then_rolled_back_is_not_reused(app, committed):
+    """The request is the transaction's first statement: what it belongs to is the
+    transaction that statement began, so the rollback drops it."""
+    session = committed.session
+    user_id = committed.user().id
+    session.commit()  # no transaction now: the request's INSERT begins the next one
+    assert session().get_transaction() is None
+    first = request_build(session, user_id, trigger="admin")
+    session.rollback()
+    again = build_for_change(session, user_id)
+    assert again.build_id != first.build_id and not again.merged
+    session.rollback()
+
+
+def test_after_a_commit_a_later_write_asks_again(app, committed, queue):
+    session = committed.session
+    user = committed.user()
+    make_blink(session, user, "first")
+    first = build_for_change(session, user.id)
+    session.commit()
+    make_blink(session, user, "second")
+    later = build_for_change(session, user.id)
+    assert later.build_id == first.build_id and later.merged  # merged into the queued row
+    session.commit()
+
+
+# -- which queue a commit pushes to ---------------------------------------------------------
+
+def test_every_kind_of_session_finds_the_apps_queue(app, db_session):
+    from sqlalchemy.orm import Session
+
+    from dashboard.memory.queue import queue_for
+
+    ours = build_queue(app)
+    with app.app_context():
+        engine = db.engine
+        assert queue_for(db.session) is ours  # the app's scoped session (here: the test's)
+        with Session(engine) as plain, \
+                Session(engine.execution_options(isolation_level="AUTOCOMMIT")) as opted, \
+                Session(binds={MemoryBuild: engine}) as bound:
+            assert queue_for(plain) is queue_for(opted) is queue_for(bound) is ours
+        with engine.connect() as conn, Session(bind=conn) as on_a_connection:
+            assert queue_for(on_a_connection) is ours
+
+
+def test_an_app_that_is_dropped_is_not_kept_alive_by_its_queue(app):
+    """The registry holds engines weakly and each queue reaches its app weakly."""
+    import gc
+    import weakref
+
+    from dashboard import create_app
+    from dashboard.memory.queue import _BOUND
+    from tests.conftest import make_test_config
+
+    scratch = create_app(make_test_config())
+    with scratch.app_context():
+        assert _BOUND[db.engine] is build_queue(scratch)
+    gone = weakref.ref(scratch)
+    del scratch
+    gc.collect()
+    assert gone() is None

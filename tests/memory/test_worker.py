@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select
 
+from dashboard.extensions import db
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.maintenance import sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
@@ -19,6 +20,7 @@ from dashboard.memory.requests import request_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.queues import build_queue
 from tests.factories import GATE_VARIABLE, make_conversation
+from tests.memories.helpers import lock_waiters, wait_until
 from tests.workers import run_build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -137,7 +139,9 @@ def test_two_workers_never_interleave_builds_of_one_user(app, committed, queue, 
     committed.session.commit()
     assert second.build_id != first.build_id  # the first is running: this one queues
     # B has the second build's job and waits for the user's lock, which A holds.
-    wait_for_status(committed.session, first.build_id, {"running"})
+    assert wait_until(lambda: len(lock_waiters(db.engine, user.id)) == 1), \
+        "the second worker never waited for the user's lock"
+    assert build_row(committed.session, first.build_id).status == "running"
     assert build_row(committed.session, second.build_id).status == "queued"
     gate.touch()
     outputs = finish(worker_a) + finish(worker_b)
