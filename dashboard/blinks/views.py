@@ -66,7 +66,7 @@ def _render_index(form: BlinkForm, status: int = 200):
 def index():
     """The list, newest first, with the form for a new Blink (POST creates one)."""
     form = BlinkForm()
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return _render_index(form)
     saved = save_form(form, lambda: services.create_blink(
         db.session, user_id=current_user.id, title=form.title.data or "",
@@ -94,7 +94,7 @@ def edit():
 def delete():
     """GET asks for confirmation (works without JS); POST deletes."""
     blink = _owned(request.args.get("id"))
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return render_template("blink/delete.html", blink=blink)
     services.delete_blink(db.session, blink)
     db.session.commit()

@@ -58,7 +58,7 @@ def _render_index(form: UploadForm, status: int = 200):
 def index():
     """The documents, newest first, with the upload form (POST uploads)."""
     form = UploadForm()
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return _render_index(form)
     saved = save_form(form, lambda: _upload(form), saved="Document uploaded.",
                       endpoint="documents.index")
@@ -99,7 +99,7 @@ def view():
 def delete():
     """GET asks for confirmation (works without JS); POST deletes."""
     document = _owned(request.args.get("id"))
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return render_template("documents/delete.html", document=document)
     services.delete_document(db.session, document)
     db.session.commit()

@@ -70,7 +70,7 @@ def _render_index(form: KeyForm, status: int = 200):
 def index():
     """The user's keys and the create form; POST creates a key and shows its secret."""
     form = KeyForm()
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return _render_index(form)
     if not form.validate_on_submit():
         return _render_index(form, 400)
@@ -95,7 +95,7 @@ def index():
 def revoke():
     """GET asks for confirmation; POST revokes (at once: clients using it get 401)."""
     key = _own_or_404(request.args.get("id"), lock=request.method == "POST")
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return render_template("settings/keys_revoke.html", key=key)
     if keys.revoke_key(db.session, key, actor=Actor.of(current_user)):
         flash(f"Key {key.prefix} revoked. Clients using it stop working at once.", "success")

@@ -141,14 +141,14 @@ def forget(memory_id: str | None = None):
     """GET ``?mode=soft_delete|redact`` says what will happen and asks; POST does it and
     goes to the receipt."""
     memory = _find(_memory_id(memory_id))
-    values = request.args if request.method == "GET" else request.form
+    values = request.form if request.method == "POST" else request.args
     mode = values.get("mode") or "soft_delete"
     if mode == "hard_delete":
         abort(403, HARD_DELETE)
     if mode not in PAGE_MODES:
         abort(400, BAD_MODE)
     form = ForgetForm(mode=mode)
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return _forget_page(memory, form, mode)
     if not form.validate_on_submit():
         return _forget_page(memory, form, mode, 400)
@@ -192,7 +192,7 @@ def restore(memory_id: str | None = None):
         return render_template("memories/memory_restore.html", memory=memory, form=form,
                                error=error), status
 
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return page()
     if not form.validate_on_submit():
         return page(400)

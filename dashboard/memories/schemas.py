@@ -1,8 +1,7 @@
 """The memory API's request and response models (pydantic v2): spectree validates requests
-with them and writes the OpenAPI document from them (``/v1/openapi.json``).
-
-They check what JSON Schema can say (types, lengths, ranges, modes); the service checks
-the rest (blank content, metadata size, a mode's own fields) and answers 422 alike."""
+with them and writes the OpenAPI document from them (``/v1/openapi.json``). The document
+says what the API accepts, null and a mode's own fields included; what JSON Schema cannot
+say (blank text, metadata's size, an unknown cursor) the service answers with a 422."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     RootModel,
@@ -37,10 +37,24 @@ Status = Literal[MEMORY_STATUSES]  # type: ignore[valid-type]
 ForgetMode = Literal[FORGET_MODES]  # type: ignore[valid-type]
 ReceiptMode = Literal[(*FORGET_MODES, "restore")]  # type: ignore[valid-type]
 
-# Constraints on the string itself, not on ``str | None``: on the union pydantic would
-# apply a length to a JSON null and fail with a TypeError (a 500) instead of a 422.
-Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONTENT)]
-Reason = Annotated[str, StringConstraints(max_length=MAX_REASON)]
+# Text PostgreSQL can store: no NUL (the input guard answers it with a 400). Constraints on
+# the string itself, not on ``str | None``: on the union pydantic would apply a length to a
+# JSON null and fail with a TypeError (a 500) instead of a 422.
+NO_NUL = r"^[^\x00]*$"
+Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONTENT, pattern=NO_NUL)]
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON, pattern=NO_NUL)]
+Metadata = dict[str, Any]
+
+
+def _whole_number(value: Any) -> Any:
+    """A JSON number with no fraction is an integer (JSON Schema's own rule: 18.0 is
+    18); a bool, a string or 18.5 stays what it is, for the strict check to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeNumber = Annotated[int, BeforeValidator(_whole_number), Field(strict=True)]
 
 METADATA_HELP = (f"A JSON object of your own (at most {MAX_METADATA_BYTES:,} bytes as compact "
                  "JSON). Never read by OrbitPilot, never recalled.")
@@ -52,9 +66,14 @@ def _no_default(schema: dict[str, Any]) -> None:
 
 
 def optional(**kwargs: Any) -> Any:
-    """An optional field whose schema shows only the non-null type (a client omits it
-    rather than sending null)."""
+    """An optional field: omitted or null alike (the document says both)."""
     return Field(None, json_schema_extra=_no_default, **kwargs)
+
+
+def null_unless(field: str, mode_is: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema: ``field`` may only be omitted or null unless ``mode`` matches."""
+    return {"if": {"not": {"properties": {"mode": mode_is}, "required": ["mode"]}},
+            "then": {"properties": {field: {"type": "null"}}}}
 
 
 class _Body(BaseModel):
@@ -65,17 +84,20 @@ class _Body(BaseModel):
 # -- requests ------------------------------------------------------------------------------
 
 class MemoryCreate(_Body):
-    content: str = Field(min_length=1, max_length=MAX_CONTENT, description=(
+    content: Text = Field(description=(
         f"The memory's text: 1 to {MAX_CONTENT:,} characters, not blank."))
-    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(description=METADATA_HELP)
+    metadata: Metadata | None = optional(description=METADATA_HELP)
     source: Source = Field("api", description="The client that saves it.")
 
 
 class MemoryPatch(_Body):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})
+    # Content, metadata or both: at least one of them given and not null.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["content"], "properties": {"content": {"type": "string"}}},
+        {"required": ["metadata"], "properties": {"metadata": {"type": "object"}}}]})
 
-    content: Text | SkipJsonSchema[None] = optional(description="The new text.")
-    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
+    content: Text | None = optional(description="The new text.")
+    metadata: Metadata | None = optional(
         description="Replaces the metadata. " + METADATA_HELP)
 
     @model_validator(mode="after")
@@ -86,27 +108,32 @@ class MemoryPatch(_Body):
 
 
 class SearchRequest(_Body):
-    query: str = Field(min_length=1, max_length=MAX_CONTENT, description=(
+    query: Text = Field(description=(
         "What to recall: at least one word to search on (a query of only punctuation or "
         "very common words such as \u201cthe\u201d is refused with 422)."))
-    k: int = Field(5, ge=1, le=MAX_RECALL_K, strict=True,
-                   description=f"How many chunks, 1 to {MAX_RECALL_K}.")
+    k: WholeNumber = Field(5, ge=1, le=MAX_RECALL_K,
+                           description=f"How many chunks, 1 to {MAX_RECALL_K}.")
 
 
 class MemoryForgetRequest(_Body):
+    # A mode's own fields: replacement text for redact only, metadata not for hard_delete.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [
+        null_unless("replacement_content", {"const": "redact"}),
+        null_unless("metadata", {"enum": ["soft_delete", "redact"]})]})
+
     mode: ForgetMode = Field(description="soft_delete (restorable), redact, or hard_delete "
                                          "(needs memory:hard_delete).")
-    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
-    replacement_content: Text | SkipJsonSchema[None] = optional(
+    reason: Reason | None = optional(description=REASON_HELP)
+    replacement_content: Text | None = optional(
         description="redact only: the text that stays instead of [REDACTED].")
-    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
+    metadata: Metadata | None = optional(
         description="soft_delete and redact: replaces the metadata (redact clears it "
                     "otherwise). " + METADATA_HELP)
 
 
 class MemoryRestoreRequest(_Body):
-    reason: Reason | SkipJsonSchema[None] = optional(description=REASON_HELP)
-    metadata: dict[str, Any] | SkipJsonSchema[None] = optional(
+    reason: Reason | None = optional(description=REASON_HELP)
+    metadata: Metadata | None = optional(
         description="Replaces the metadata. " + METADATA_HELP)
 
 

@@ -47,7 +47,7 @@ def _render_index(form: FactForm, status: int = 200):
 def index():
     """The facts, by key, with the form for a new one (POST adds it)."""
     form = FactForm()
-    if request.method == "GET":
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
         return _render_index(form)
     saved = save_form(form, lambda: services.add_fact(
         db.session, user_id=current_user.id, key=form.key.data or "",

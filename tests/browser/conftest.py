@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from dashboard import create_app
 from dashboard.extensions import db
 from tests.conftest import make_test_config
 from tests.factories import PASSWORD
+from tests.live import serving
 
 try:
     from selenium import webdriver
@@ -107,23 +107,8 @@ def live_app(app):
 
 @pytest.fixture(scope="module")
 def base_url(live_app) -> Iterator[str]:
-    from werkzeug.serving import WSGIRequestHandler, make_server
-
-    class QuietHandler(WSGIRequestHandler):
-        def log_request(self, *args, **kwargs) -> None:
-            pass
-
-    server = make_server("127.0.0.1", 0, live_app, threaded=True,
-                         request_handler=QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="browser-test-server",
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        server.server_close()
+    with serving(live_app) as url:
+        yield url
 
 
 class Page:

@@ -1,0 +1,105 @@
+"""Schemathesis' own runner over the API with all its phases — examples, coverage,
+fuzzing and stateful (links inferred from ``Location``) — and every check, against a real
+server with a real key: the document says exactly what the API accepts (positive data is
+accepted, negative data refused), and no check fails. Deterministic and bounded."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from sqlalchemy import delete
+
+from dashboard import create_app
+from dashboard.audit.services import Actor
+from dashboard.auth.models import User
+from dashboard.extensions import db
+from dashboard.memories import services
+from dashboard.queues import build_queue
+from tests.conftest import make_test_config
+from tests.factories import ALL_SCOPES, make_key, make_user
+from tests.live import serving
+
+pytestmark = pytest.mark.processes  # schemathesis' runner in a process of its own
+
+MAX_EXAMPLES = 15
+# What a schema-valid request may meet besides success: the key's owner lacks the thing
+# (404), its state refuses it (409, 410 once hard-deleted). On the list, a cursor this API
+# never gave out is a 422: an opaque string JSON Schema cannot tell from a real one. A
+# DELETE forgets (a soft delete unless told otherwise): the memory stays readable, and its
+# erasure receipts remain after any forget — by design, not a use after free.
+CONFIG = """
+color = false
+
+[generation]
+# PostgreSQL stores neither NUL nor a lone surrogate: the API refuses both (400, 422)
+# and its strings say so where JSON Schema can (pattern).
+allow-x00 = false
+codec = "utf-8"
+database = "none"
+
+[checks.positive_data_acceptance]
+expected-statuses = ["2XX", "401", "403", "404", "409", "410"]
+
+[[operations]]
+include-operation-id = "list_memories"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "422"]
+
+[checks.use_after_free]
+enabled = false
+
+[parameters]
+marker_id = {marker_id}
+"""
+
+
+@pytest.fixture
+def live_api(app):
+    """A second app on the test database, its own queue, and a committed owner whose key
+    holds every scope (memory:hard_delete granted as an admin would), with memories and
+    one erasure receipt; all removed afterwards."""
+    live = create_app(make_test_config(SERVER_NAME=None, API_RATE_LIMIT="100000 per minute",
+                                       BUILD_QUEUE=f"builds-phases-{os.getpid()}"))
+    with live.app_context():
+        session = db.session
+        owner = make_user(session)
+        _, raw = make_key(session, owner, scopes=ALL_SCOPES, name="schemathesis")
+        actor = Actor.of(owner)
+        memories = [services.save_memory(session, owner=owner, content=f"Memory {i}.",
+                                         actor=actor).memory for i in range(4)]
+        receipt = services.forget_memory(session, owner.id, memories[0].id,
+                                         mode="soft_delete", actor=actor)
+        owner_id = owner.id
+        session.commit()
+    try:
+        with serving(live) as url:
+            yield url, raw, receipt.marker_id
+    finally:
+        with live.app_context():
+            db.session.rollback()
+            db.session.execute(delete(User).where(User.id == owner_id))
+            db.session.commit()
+            db.session.remove()
+            queue = build_queue(live).rq()
+            queue.empty()
+            queue.delete(delete_jobs=True)
+            db.engine.dispose()
+
+
+def test_every_phase_and_every_check_pass(live_api, tmp_path):
+    url, raw, marker_id = live_api
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(CONFIG.replace("{marker_id}", str(marker_id)))
+    run = subprocess.run(
+        [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
+         f"{url}/v1/openapi.json", "-H", f"X-API-Key: {raw}",
+         "--phases", "examples,coverage,fuzzing,stateful",
+         "--max-examples", str(MAX_EXAMPLES), "--generation-deterministic",
+         "--suppress-health-check", "all"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-12000:]
+    for phase in ("Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in report, report[-4000:]  # ran, and passed
