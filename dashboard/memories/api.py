@@ -16,6 +16,7 @@ from flask import Blueprint, Flask, current_app, request, url_for
 from flask_limiter.errors import RateLimitExceeded
 from flask_limiter.util import get_remote_address
 from werkzeug.exceptions import BadRequest
+from werkzeug.routing import BaseConverter
 
 from dashboard.audit.services import Actor
 from dashboard.extensions import csrf, db
@@ -311,7 +312,7 @@ def export_memories() -> ApiResult:
     return payload, 200, {"Content-Disposition": f"attachment; filename={name}"}
 
 
-@_route("/memories/<memory_id>", "GET", scope=READ)
+@_route("/memories/<memory_id:memory_id>", "GET", scope=READ)
 @spec.validate(resp=Responses(200, MemoryOut, *ALWAYS, *TARGET),
                operation_id="get_memory", tags=MEMORIES)
 def get_memory(memory_id: str) -> ApiResult:
@@ -322,7 +323,7 @@ def get_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id>", "PATCH", scope=WRITE, body=True)
+@_route("/memories/<memory_id:memory_id>", "PATCH", scope=WRITE, body=True)
 @spec.validate(json=MemoryPatch, resp=Responses(200, MemoryOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="update_memory", tags=MEMORIES)
 def update_memory(memory_id: str) -> ApiResult:
@@ -343,7 +344,7 @@ def update_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id>", "DELETE", scope=None)
+@_route("/memories/<memory_id:memory_id>", "DELETE", scope=None)
 @spec.validate(query=DeleteQuery, resp=Responses(200, DeleteOut, *ALWAYS, *TARGET, 409, 422),
                operation_id="delete_memory", tags=MEMORIES)
 def delete_memory(memory_id: str) -> ApiResult:
@@ -358,7 +359,7 @@ def delete_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id>/forget", "POST", scope=None, body=True)
+@_route("/memories/<memory_id:memory_id>/forget", "POST", scope=None, body=True)
 @spec.validate(json=MemoryForgetRequest,
                resp=Responses(200, ForgetOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="forget_memory", tags=MEMORIES)
@@ -381,7 +382,7 @@ def forget_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id>/restore", "POST", scope=RESTORE, body=False)
+@_route("/memories/<memory_id:memory_id>/restore", "POST", scope=RESTORE, body=False)
 @spec.validate(json=MemoryRestoreRequest,
                resp=Responses(200, RestoreOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="restore_memory", tags=MEMORIES)
@@ -400,7 +401,7 @@ def restore_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id>/receipts", "GET", scope=READ)
+@_route("/memories/<memory_id:memory_id>/receipts", "GET", scope=READ)
 @spec.validate(resp=Responses(200, ReceiptList, *ALWAYS, 404),
                operation_id="list_memory_receipts", tags=RECEIPTS)
 def list_memory_receipts(memory_id: str) -> ApiResult:
@@ -432,8 +433,17 @@ def _is_document() -> bool:
     return request.endpoint == "api.openapi"
 
 
+class MemoryIdConverter(BaseConverter):
+    """A memory's id in a path: any segment but the collection's own words, so that
+    ``/v1/memories/export`` is never a memory too (nor lists a memory's methods in a
+    405's ``Allow``). The service parses the id: a malformed one is a 404 like any other."""
+
+    regex = r"(?!(?:export|search)$)[^/]+"
+
+
 def init_api(app: Flask) -> None:
     """Mount the API on ``app``, after ``init_security``: its limiter counts the calls."""
+    app.url_map.converters["memory_id"] = MemoryIdConverter
     app.register_blueprint(bp)
     csrf.exempt(bp)  # no cookies, no forms: a key in a header is the credential
     get_limiter(app).shared_limit(lambda: app.config["API_RATE_LIMIT"], scope="api",

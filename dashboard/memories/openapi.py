@@ -145,11 +145,23 @@ spec = SpecTree(
 )
 
 
+MEMORY_ID_HELP = ("The memory's id (a UUID); a malformed or unknown one is a 404, like "
+                  "someone else's.")
+
+
 def document() -> dict[str, Any]:
     document = spec.spec  # generated once per process, from the app's routes
     # spectree marks every request body required; restore's may be left out.
     document["paths"]["/v1/memories/{memory_id}/restore"]["post"]["requestBody"][
         "required"] = False
+    # Its converter is ours (the collection's own words are no memory): spectree knows
+    # only werkzeug's, and leaves the schema out.
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", ()):
+                if parameter["name"] == "memory_id" and parameter.get("schema") is None:
+                    parameter["schema"] = {"type": "string"}
+                    parameter["description"] = MEMORY_ID_HELP
     return document
 
 
