@@ -76,6 +76,10 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         # Proxies in front of the app that set X-Forwarded-For/-Proto (0: none). Behind a
         # proxy, set it, or every client shares the proxy's address for sign-in throttling.
         "TRUSTED_PROXIES": _env("TRUSTED_PROXIES", 0, int),
+        # The host names this app answers for, comma-separated (".example.com" also takes
+        # its subdomains); any other Host is a 400. Unset: any well-formed host name.
+        "TRUSTED_HOSTS": _env("TRUSTED_HOSTS", None,
+                              lambda v: [h.strip() for h in v.split(",") if h.strip()]),
         # Largest request body accepted (bytes); bigger ones get a clear 413.
         "MAX_CONTENT_LENGTH": _env("MAX_CONTENT_LENGTH", 10 * 1024 * 1024, int),
         **build_settings(),

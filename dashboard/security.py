@@ -18,6 +18,7 @@ from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from werkzeug.exceptions import ClientDisconnected
 from werkzeug.middleware.proxy_fix import ProxyFix
+from werkzeug.sansio.utils import host_is_trusted
 
 from dashboard.auth.services import normalise_email
 
@@ -29,6 +30,7 @@ UNREADABLE = ("The request held characters that cannot be stored (a NUL byte, or
 TOO_DEEP = "The JSON body is nested too deeply to read."
 NAMELESS_PART = ("A part of this form has no name, so it cannot be read. Send every field "
                  "with its name.")
+HOST_NOT_SERVED = "This server does not answer for that host name (see TRUSTED_HOSTS)."
 HOST_INVALID = ("The Host header of this request is not a valid host name (parts of at most "
                 "63 letters, digits or hyphens, then an optional port).")
 BODY_UNREADABLE = ("The request body could not be read: it ended early, or its chunked "
@@ -140,28 +142,31 @@ def valid_host(host: str) -> bool:
         and (match["port"] is None or 0 < int(match["port"]) <= 65535)
 
 
-def _host_refused(environ: dict[str, Any]) -> Response:
+def _host_refused(environ: dict[str, Any], sentence: str = HOST_INVALID) -> Response:
     """The 400 for a bad Host: built here, as no page can be (url_for needs the host)."""
     if environ.get("PATH_INFO", "").startswith("/v1"):
         response = Response(json.dumps({"type": "about:blank", "title": "Bad Request",
-                                        "status": 400, "detail": HOST_INVALID}),
+                                        "status": 400, "detail": sentence}),
                             400, mimetype="application/problem+json")
     else:
-        response = Response(HOST_INVALID + "\n", 400, mimetype="text/plain")
+        response = Response(sentence + "\n", 400, mimetype="text/plain")
     response.headers.update(FIXED_HEADERS)
     response.headers["Content-Security-Policy"] = "default-src 'none'; frame-ancestors 'none'"
     return response
 
 
-def valid_hosts_only(wsgi_app: Any) -> Any:
+def valid_hosts_only(wsgi_app: Any, trusted: list[str] | None = None) -> Any:
     """Refuse a Host header that is no host name (a label over 63 characters, say) before
     Flask binds the URL map to it: werkzeug's BadHost would leave the request without a
-    URL adapter, and its error page would fail in turn. It checks what ProxyFix (as
+    URL adapter, and its error page would fail in turn. With ``trusted`` (TRUSTED_HOSTS),
+    a host that is none of them is refused too. It checks what ProxyFix (as
     TRUSTED_PROXIES sets it) hands on; an absent or empty Host is werkzeug's to handle."""
     def app(environ: dict[str, Any], start_response: Any) -> Any:
         host = environ.get("HTTP_HOST")
         if host and not valid_host(host):
             return _host_refused(environ)(environ, start_response)
+        if host and trusted and not host_is_trusted(host, trusted):
+            return _host_refused(environ, HOST_NOT_SERVED)(environ, start_response)
         return wsgi_app(environ, start_response)
     return app
 
@@ -251,7 +256,7 @@ def get_limiter(app: Flask | None = None) -> Limiter:
 def init_security(app: Flask) -> None:
     """After the blueprints: the sign-in view is wrapped with its limits here."""
     # Inside ProxyFix: they see the environ it hands on.
-    app.wsgi_app = valid_hosts_only(readable_input(app.wsgi_app))
+    app.wsgi_app = valid_hosts_only(readable_input(app.wsgi_app), app.config["TRUSTED_HOSTS"])
     proxies = app.config["TRUSTED_PROXIES"]
     if proxies:  # the client's own address, not the proxy's, for throttling and logs
         app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies)

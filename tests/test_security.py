@@ -27,7 +27,13 @@ from dashboard.blinks.models import Blink
 from dashboard.extensions import db
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.models import Plan
-from dashboard.security import BODY_UNREADABLE, HOST_INVALID, TOO_DEEP, UNREADABLE
+from dashboard.security import (
+    BODY_UNREADABLE,
+    HOST_INVALID,
+    HOST_NOT_SERVED,
+    TOO_DEEP,
+    UNREADABLE,
+)
 from tests.conftest import CSRF_RE, csrf_from, make_test_config
 from tests.factories import PASSWORD, make_plan, make_user
 
@@ -268,6 +274,22 @@ def test_every_malformed_host_is_refused_and_every_good_one_served(app, proxies)
         response = client.get("/auth/signin", headers={"Host": host, **forwarded})
         assert response.status_code == 200, host
     with behind.app_context():
+        db.engine.dispose()
+
+
+def test_with_trusted_hosts_only_those_are_served(app):
+    served = create_app(make_test_config(SERVER_NAME=None,
+                                         TRUSTED_HOSTS=["dashboard.example", ".corp.example"]))
+    client = served.test_client()
+    for host in ("dashboard.example", "dashboard.example:8443", "eu.corp.example"):
+        assert client.get("/auth/signin", headers={"Host": host}).status_code == 200, host
+    for host in ("evil.example", "dashboard.example.evil.example", "127.0.0.1"):
+        for path in ("/auth/signin", "/healthz", "/v1/openapi.json"):
+            response = client.get(path, headers={"Host": host})
+            assert response.status_code == 400, (host, path)
+            assert HOST_NOT_SERVED in response.get_data(as_text=True)
+            assert host not in response.get_data(as_text=True)
+    with served.app_context():
         db.engine.dispose()
 
 
