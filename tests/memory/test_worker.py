@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from redis import Redis
 from sqlalchemy import func, select, update
 
+from dashboard.embedded import EmbeddedServices
 from dashboard.extensions import db
-from dashboard.memory import abandon_build
+from dashboard.memory import BuildQueue, abandon_build, settings_from
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.maintenance import sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
@@ -28,12 +30,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CANARY = "CANARY-7f3a-do-not-leak"
 
 
-def worker_env(app, gate: Path | None = None) -> dict[str, str]:
+def worker_env(app, gate: Path | None = None, redis_url: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         FLASK_APP="wsgi.py",
         DATABASE_URL=app.config["SQLALCHEMY_DATABASE_URI"],
-        REDIS_URL=app.config["REDIS_URL"],
+        REDIS_URL=redis_url or app.config["REDIS_URL"],
         BUILD_QUEUE=app.config["BUILD_QUEUE"],
         BUILD_HEARTBEAT_SECONDS="0.2",
         EMBEDDER="hashing",
@@ -50,6 +52,11 @@ def start_worker(app, *args: str, gate: Path | None = None) -> subprocess.Popen:
         text=True, start_new_session=True,
     )
 
+
+# No periodic tasks: nothing but the worker itself may push a job.
+NO_PERIODIC_TASKS = {name: "0" for name in ("BUILD_SWEEP_SECONDS", "BUILD_SCHEDULE_SECONDS",
+                                            "AUDIT_CHECKPOINT_SECONDS",
+                                            "ERASURE_VACUUM_SECONDS")}
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
@@ -346,3 +353,43 @@ def test_an_interrupted_build_is_asked_again_until_its_attempts_run_out(app, com
         assert abandon_build(db.engine, third, reason)
     assert [(b.id, b.mode) for b in queued_builds(committed.session, user.id)] == \
         [(later.build_id, "full")]
+
+
+@pytest.mark.processes
+def test_a_worker_that_loses_redis_mid_build_lives_on_and_builds_it_again(app, committed,
+                                                                            queue, tmp_path):
+    # A Valkey of this test's own, to kill: the suite's serves every other test. For the
+    # worker it is an external Redis (REDIS_URL), not one of its to start again.
+    own = EmbeddedServices(tmp_path / "services")
+    redis_url = own.ensure(postgres=False, redis=True).redis
+    log = tmp_path / "worker.log"
+    worker = None
+    try:
+        user = chat_user(committed, pairs=3)
+        build_id = requested_here(committed, queue, user.id, mode="full")
+        BuildQueue(lambda: Redis.from_url(redis_url), settings_from(app.config)).push(
+            [("build", build_id)])
+        gate = tmp_path / "gate"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "flask", "worker"], cwd=ROOT,
+            env={**worker_env(app, gate, redis_url), **NO_PERIODIC_TASKS},
+            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for_status(committed.session, build_id, {"running"})
+        os.kill(own.valkey.pid(), signal.SIGKILL)
+
+        row = wait_for_status(committed.session, build_id, {"failed"}, timeout=30)
+        assert "Redis" in row.error, row.error
+        assert worker.poll() is None, log.read_text()[-3000:]  # it waits for Redis
+        (again,) = queued_builds(committed.session, user.id)
+        own.ensure(postgres=False, redis=True)  # Redis is back
+        gate.touch()
+        assert wait_for_status(committed.session, again.id, {"succeeded", "failed"},
+                               timeout=60).status == "succeeded", log.read_text()[-3000:]
+        assert chunk_count(committed.session, user.id) == 4
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+        assert CANARY not in log.read_text()
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+        own.stop(force=True)
