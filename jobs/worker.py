@@ -75,14 +75,17 @@ class ForkingWorker(Worker):
     def _lost_redis(self, job, exc: BaseException) -> None:
         # RQ cannot follow the job without Redis: stop its horse, record the build
         # interrupted (its request is queued again), wait for Redis, then work on.
-        log.warning("Redis lost during job %s (%s): the build is stopped and asked again",
-                    job.id, type(exc).__name__)
+        log.warning("Redis lost during job %s (%s)", job.id, type(exc).__name__)
         if self.horse_pid:
             self.kill_horse()
             self.wait_for_horse()
             self._horse_pid = 0
         self.execution = None  # one job at a time: the one that just ended
-        build_interrupted(job, REDIS_LOST)
+        try:
+            if build_interrupted(job, REDIS_LOST):
+                log.warning("job %s: build recorded failed, its request queued again", job.id)
+        except Exception as exc:  # the database too: the sweeper fails it later
+            log.warning("job %s: recording its build failed: %s", job.id, type(exc).__name__)
         self.wait_for_redis()
         push_lost_jobs(job_app())  # the request asked again could not be pushed until now
         with suppress(*REDIS_DOWN):  # gone again: the work loop's next call meets it

@@ -46,8 +46,9 @@ class EmbeddedBinding:
         this process or another)."""
         if not self.redis or self.services.valkey.answers():
             return False
-        with self._lock:
-            self._make_ready("redis")
+        # Not under self._lock: a work horse forked while another thread held it would
+        # inherit it held, for good. The file lock orders the start anyway.
+        self._make_ready("redis")
         return True
 
     def _ensure(self, component: str) -> None:
