@@ -107,12 +107,14 @@ def _servers_settled(binding) -> Iterator[set[int]]:
 def stop_orphans(keep: set[int]) -> None:
     """Kill what is left under this process (it is their subreaper), except ``keep``
     and their own children: the embedded servers, released in order afterwards."""
-    me = psutil.Process()
+    # What is under us first, then what is under ``keep``: a process forked in between
+    # (a live worker's new work horse) is in neither, rather than in the first only.
+    under = psutil.Process().children(recursive=True)
     spared = set(keep)
     for pid in keep:
         with suppress(psutil.Error):
             spared |= {p.pid for p in psutil.Process(pid).children(recursive=True)}
-    left = [p for p in me.children(recursive=True) if p.pid not in spared]
+    left = [p for p in under if p.pid not in spared]
     for process in left:
         with suppress(psutil.Error):
             process.kill()

@@ -84,8 +84,9 @@ class ForkingWorker(Worker):
         try:
             if build_interrupted(job, REDIS_LOST):
                 log.warning("job %s: build recorded failed, its request queued again", job.id)
-        except Exception as exc:  # the database too: the sweeper fails it later
-            log.warning("job %s: recording its build failed: %s", job.id, type(exc).__name__)
+        except Exception as error:  # the database too: the sweeper fails it later
+            log.warning("job %s: recording its build failed: %s", job.id,
+                        type(error).__name__)
         self.wait_for_redis()
         push_lost_jobs(job_app())  # the request asked again could not be pushed until now
         with suppress(*REDIS_DOWN):  # gone again: the work loop's next call meets it
@@ -173,8 +174,9 @@ def redis_tick(app: Flask, scheduler: RQScheduler | None, was_down: bool) -> boo
         try:
             if revive_redis(app):
                 log.warning("the embedded Valkey had stopped; it answers again")
-        except Exception as exc:
-            log.warning("starting the embedded Valkey again failed: %s", type(exc).__name__)
+        except Exception as error:
+            log.warning("starting the embedded Valkey again failed: %s",
+                        type(error).__name__)
         return True
     except Exception as exc:
         log.warning("moving scheduled retries failed: %s", type(exc).__name__)
