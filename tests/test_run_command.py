@@ -260,10 +260,13 @@ def test_a_worker_killed_during_a_build_is_started_again_and_the_build_asked_aga
     assert wait_until(lambda: run.running_build() is not None, timeout=60), run.output()[-3000:]
     build_id, user_id = run.running_build()
     worker = run.child("worker")
+    horses = worker.children()
+    assert horses, "the build runs in no work horse"
     with Pages(run.port) as pages:
         worker.kill()  # SIGKILL
         assert wait_until(lambda: run.registered_workers() - {worker.pid}, timeout=10), \
             run.output()[-3000:]  # a new worker is up within 10 s
+        assert not any(running(p) for p in horses)  # the dead worker's horse is stopped
         assert wait_until(lambda: run.builds_of(user_id)[0][1] == "failed", timeout=60)
         killed = run.builds_of(user_id)[0]
         assert killed[0] == build_id and killed[2], killed  # failed, with a reason
