@@ -27,6 +27,13 @@ def redis_client(app: Flask | None = None) -> Redis:
     return client
 
 
+def revive_redis(app: Flask) -> bool:
+    """The app's embedded Valkey, started again if it stopped answering; False when it
+    answers, or when the app's Redis is not the embedded one (not ours to start)."""
+    binding = app.extensions.get("orbitpilot.embedded")
+    return binding is not None and binding.revive_redis()
+
+
 def build_queue(app: Flask | None = None) -> BuildQueue:
     return (app or current_app).extensions["orbitpilot.build_queue"]
 

@@ -38,9 +38,16 @@ def fan_out_plan(plan_id: int, mode: str = "quick", trigger: str = "plan_change"
 
 def work_horse_killed(job, retpid, ret_val, rusage) -> None:  # noqa: ARG001 (RQ's signature)
     """RQ calls this in the worker when a work horse dies outside Python (SIGKILL, OOM)."""
-    if job.func_name != "jobs.builds.run_build" or not job.args:
-        return
     signal = f" (signal {os.WTERMSIG(ret_val)})" if ret_val and os.WIFSIGNALED(ret_val) else ""
+    build_interrupted(job, f"worker process terminated{signal}")
+
+
+def build_interrupted(job, reason: str) -> bool:
+    """A build job that ended outside our code: its build recorded failed with
+    ``reason``, its request queued again (``abandon_build``). True if it was running."""
+    if job.func_name != "jobs.builds.run_build" or not job.args:
+        return False
     app = job_app()
     with app.app_context():
-        memory.abandon_build(db.engine, int(job.args[0]), f"worker process terminated{signal}")
+        return memory.abandon_build(db.engine, int(job.args[0]), reason,
+                                    max_attempts=app.config["BUILD_MAX_ATTEMPTS"])

@@ -8,13 +8,22 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import textwrap
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import psutil
+import psycopg
 import pytest
+from redis import Redis
+from rq import Worker
 
+from dashboard.embedded import EmbeddedServices
 from tests.embedded.procs import listening_on, servers_of, wait_until
+from tests.factories import GATE_VARIABLE
 
 pytestmark = pytest.mark.processes  # real processes or servers: slow
 
@@ -36,16 +45,19 @@ def serves(port: int) -> bool:
 
 
 class Run:
-    def __init__(self, instance: Path) -> None:
+    def __init__(self, instance: Path, env: dict[str, str] | None = None,
+                 command: list[str] | None = None) -> None:
         self.instance, self.port = instance, free_port()
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("DATABASE_URL", "REDIS_URL", "DATABASE_OWNER_URL")}
+        self.services = EmbeddedServices(instance / "services")  # its paths; starts nothing
+        env = {**{k: v for k, v in os.environ.items()
+                  if k not in ("DATABASE_URL", "REDIS_URL", "DATABASE_OWNER_URL")}, **(env or {})}
         env.update(ORBITPILOT_INSTANCE=str(instance), PORT=str(self.port), WEB_WORKERS="1",
                    BUILD_QUEUE=f"builds-run-{self.port}")
         self.log = instance.with_suffix(".log")
         instance.mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([str(ROOT / "scripts" / "run")], cwd=ROOT, env=env,
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(command or [str(ROOT / "scripts" / "run")], cwd=ROOT,
+                                     env=env, stdout=self.log.open("w"),
+                                     stderr=subprocess.STDOUT,
                                      start_new_session=True)  # its own group, like a shell job
 
     def output(self) -> str:
@@ -68,13 +80,114 @@ class Run:
         if self.proc.poll() is None:
             self.proc.kill()
 
+    def child(self, word: str) -> psutil.Process | None:
+        """The supervisor's child whose command line has ``word`` ("worker", "gunicorn")."""
+        with _gone_is_none():
+            for proc in psutil.Process(self.proc.pid).children():
+                with _gone_is_none():  # a zombie, or gone meanwhile
+                    if word in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE:
+                        return proc
+        return None
+
+    def rows(self, query: str, *args) -> list[tuple]:
+        """Rows of the run's own database, read as the superuser (it holds nothing)."""
+        dsn = f"host={self.services.socket_dir} user=postgres dbname=orbitpilot"
+        with psycopg.connect(dsn, connect_timeout=5) as conn:
+            return conn.execute(query, args).fetchall()
+
+    def redis(self) -> Redis:
+        return Redis(unix_socket_path=str(self.services.valkey_socket), socket_timeout=2,
+                     socket_connect_timeout=2)
+
+    def registered_workers(self) -> set[int]:
+        """Pids of the RQ workers registered in the run's Valkey (up and listening)."""
+        with _gone_is_none(), self.redis() as redis:
+            return {w.pid for w in Worker.all(connection=redis)}
+        return set()
+
+    def running_build(self) -> tuple[int, int] | None:
+        with _gone_is_none():
+            found = self.rows("SELECT id, user_id FROM memory_builds WHERE status = 'running'")
+            return found[0] if found else None
+        return None
+
+    def builds_of(self, user_id: int) -> list[tuple]:
+        return self.rows("SELECT id, status, error FROM memory_builds WHERE user_id = %s "
+                         "ORDER BY id", user_id)
+
+    def built(self, user_id: int) -> bool:
+        """Every request of the user has run, the last one well, and its chunks are in."""
+        with _gone_is_none():
+            builds = self.builds_of(user_id)
+            chunks = self.rows("SELECT count(*) FROM memory_chunks WHERE user_id = %s",
+                               user_id)[0][0]
+            return bool(builds) and builds[-1][1] == "succeeded" and chunks > 0
+        return False
+
+
+class _gone_is_none:
+    """A process, database or Valkey that is gone for a moment reads as "not yet"."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, value, tb) -> bool:
+        return kind is not None and issubclass(kind, (psutil.Error, psycopg.Error, OSError,
+                                                      ConnectionError, TimeoutError)) or \
+            (kind is not None and kind.__module__.startswith("redis"))
+
+
+class Pages:
+    """Asks for a page every 0.1 s for the length of a ``with`` block; ``failures`` lists
+    every answer that was not a 200 (or no answer at all)."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}/auth/signin"
+        self.answered, self.failures = 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as response:
+                    status = response.status
+            except OSError as exc:
+                status = type(exc).__name__
+            if status == 200:
+                self.answered += 1
+            else:
+                self.failures.append(status)
+
+    def __enter__(self) -> Pages:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+def held_builds(gate: Path) -> dict[str, str]:
+    """The run's builds wait, "running", until ``gate`` exists; a build whose worker died
+    is noticed within seconds, and lost jobs are pushed again at once."""
+    return {"EMBEDDER": "tests.factories:GatedEmbedder", GATE_VARIABLE: str(gate),
+            "BUILD_HEARTBEAT_SECONDS": "0.2", "BUILD_STALE_SECONDS": "2",
+            "BUILD_SWEEP_SECONDS": "1", "BUILD_REQUEUE_SECONDS": "1"}
+
+
+def running(proc: psutil.Process) -> bool:
+    with _gone_is_none():
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    return False
+
 
 @pytest.fixture
 def runs(tmp_path):
     started: list[Run] = []
 
-    def start(name: str = "instance") -> Run:
-        run = Run(tmp_path / name)
+    def start(name: str = "instance", **options) -> Run:
+        run = Run(tmp_path / name, **options)
         started.append(run)
         return run
 
@@ -137,3 +250,88 @@ def test_kill_9_of_the_run_command_while_its_worker_sets_up_leaves_nothing_runni
     run.proc.wait(timeout=10)
     assert wait_until(lambda: run.left_behind() == [], timeout=30), \
         [p.cmdline() for p in run.left_behind()]
+
+
+def test_a_worker_killed_during_a_build_is_started_again_and_the_build_asked_again(
+        runs, tmp_path):
+    gate = tmp_path / "gate"
+    run = runs(env=held_builds(gate))
+    run.wait_serving()
+    assert wait_until(lambda: run.running_build() is not None, timeout=60), run.output()[-3000:]
+    build_id, user_id = run.running_build()
+    worker = run.child("worker")
+    horses = worker.children()
+    assert horses, "the build runs in no work horse"
+    with Pages(run.port) as pages:
+        worker.kill()  # SIGKILL
+        assert wait_until(lambda: run.registered_workers() - {worker.pid}, timeout=10), \
+            run.output()[-3000:]  # a new worker is up within 10 s
+        assert not any(running(p) for p in horses)  # the dead worker's horse is stopped
+        assert wait_until(lambda: run.builds_of(user_id)[0][1] == "failed", timeout=60)
+        killed = run.builds_of(user_id)[0]
+        assert killed[0] == build_id and killed[2], killed  # failed, with a reason
+        gate.touch()
+        # Its request ran again: the user's chunks are built.
+        assert wait_until(lambda: run.built(user_id), timeout=60), run.builds_of(user_id)
+    assert pages.failures == [] and pages.answered > 10, pages.failures
+    assert run.proc.poll() is None, run.output()[-3000:]
+    assert "worker was killed by SIGKILL" in run.output()
+
+    # A web server that dies is started again too, once its orphaned workers are stopped
+    # (they hold the port).
+    web = run.child("gunicorn")
+    orphans = web.children()
+    web.kill()
+    assert wait_until(lambda: "web server started again" in run.output() and serves(run.port),
+                      timeout=60), run.output()[-3000:]
+    assert not any(running(p) for p in orphans)
+    assert "web server was killed by SIGKILL" in run.output()
+    run.signal_group(signal.SIGINT)
+    assert run.proc.wait(timeout=15) == 0
+    assert run.left_behind() == []
+
+
+def test_a_valkey_killed_during_a_build_is_started_again_and_the_worker_builds_on(
+        runs, tmp_path):
+    gate = tmp_path / "gate"
+    run = runs(env=held_builds(gate))
+    run.wait_serving()
+    assert wait_until(lambda: run.running_build() is not None, timeout=60), run.output()[-3000:]
+    build_id, user_id = run.running_build()
+    worker = run.child("worker")
+    (valkey,) = servers_of(run.services.root, "valkey-server")
+    with Pages(run.port) as pages:
+        valkey.kill()  # SIGKILL
+        assert wait_until(lambda: run.services.valkey.answers() and
+                          run.services.valkey.pid() not in (None, valkey.pid), timeout=30), \
+            run.output()[-3000:]
+        gate.touch()
+        users = [u for (u,) in run.rows("SELECT id FROM users")]
+        # The build the outage caught, and the requests whose jobs Valkey lost, all run.
+        assert wait_until(lambda: all(run.built(u) for u in users), timeout=90), \
+            [run.builds_of(u) for u in users]
+    assert pages.failures == [] and pages.answered > 10, pages.failures
+    assert run.proc.poll() is None, run.output()[-3000:]
+    assert running(worker) and run.child("worker").pid == worker.pid  # it lived through it
+    first = run.builds_of(user_id)[0]
+    assert first[0] == build_id and (first[1] == "succeeded" or first[2]), first
+    run.signal_group(signal.SIGINT)
+    assert run.proc.wait(timeout=15) == 0
+    assert run.left_behind() == []
+
+
+def test_a_worker_that_keeps_dying_ends_the_run_and_says_so(runs):
+    # Shorter delays than the real ones (1 s, doubling): the same policy, sooner.
+    command = [sys.executable, "-c", textwrap.dedent("""
+        import dashboard.supervisor as supervisor
+        supervisor.FIRST_RESTART_DELAY = 0.1
+        raise SystemExit(supervisor.main())
+    """)]
+    run = runs(env={"EMBEDDER": "tests.factories:NoSuchEmbedder", "FLASK_APP": "wsgi.py"},
+               command=command)
+    assert run.proc.wait(timeout=180) == 1, run.output()[-3000:]
+    output = run.output()
+    assert output.count("worker exited with status 1; starting it again") == 5, output[-3000:]
+    assert "restarts keep failing" in output
+    assert "==> stopped" in output
+    assert run.left_behind() == [] and not listening_on(run.port)

@@ -38,6 +38,19 @@ class EmbeddedBinding:
         self.ensure_postgres()
         self.ensure_redis()
 
+    def revive_redis(self) -> bool:
+        """Start the embedded Valkey again if it stopped answering (killed, crashed):
+        ``ensure_redis`` readies it once per process and cannot see that. Under the
+        folder's lock like every start, so processes that notice at once start one
+        server between them. True if it was down and answers now (started again by
+        this process or another)."""
+        if not self.redis or self.services.valkey.answers():
+            return False
+        # Not under self._lock: a work horse forked while another thread held it would
+        # inherit it held, for good. The file lock orders the start anyway.
+        self._make_ready("redis")
+        return True
+
     def _ensure(self, component: str) -> None:
         # Once per process: forks (work horses, gunicorn workers) hold on their own.
         if self._ready.get(component) == os.getpid():
@@ -45,17 +58,20 @@ class EmbeddedBinding:
         with self._lock:
             if self._ready.get(component) == os.getpid():
                 return
-            try:
-                urls = self.services.ensure(postgres=component == "postgres",
-                                            redis=component == "redis")
-                if component == "postgres":
-                    ensure_database(urls.postgres_admin, self.database)
-            except EmbeddedError:
-                raise
-            except Exception as exc:  # psycopg, OSError: a sentence, not their text
-                raise EmbeddedError(f"the embedded {component} could not be made ready "
-                                    f"({type(exc).__name__})") from exc
-            self._ready[component] = os.getpid()
+            self._make_ready(component)
+
+    def _make_ready(self, component: str) -> None:
+        try:
+            urls = self.services.ensure(postgres=component == "postgres",
+                                        redis=component == "redis")
+            if component == "postgres":
+                ensure_database(urls.postgres_admin, self.database)
+        except EmbeddedError:
+            raise
+        except Exception as exc:  # psycopg, OSError: a sentence, not their text
+            raise EmbeddedError(f"the embedded {component} could not be made ready "
+                                f"({type(exc).__name__})") from exc
+        self._ready[component] = os.getpid()
 
 
 def ensure_started(app: Any) -> None:

@@ -217,14 +217,23 @@ def _give_to(path: Path, user: str | None) -> None:
     os.chown(path, entry.pw_uid, entry.pw_gid)
 
 
+# initdb runs its steps in postgres processes of its own, which no parent-death signal
+# reaches, and finishes the step it is in before it acts on SIGTERM. So it runs under a
+# shell that, once the kernel says the caller died, kills its whole process group at once.
+_TAKE_ALONG = 'trap "kill -KILL 0" TERM; "$@" & wait $!'
+
+
 def _run(args: list[str], *, user: str | None, what: str, timeout: float = 300,
          die_with_caller: bool = False) -> None:
     """Run a PostgreSQL tool in a session of its own (a terminal's Ctrl+C must not stop
     the server it starts); failures carry the tool's own last words, never a traceback.
 
-    ``die_with_caller``: the kernel stops the tool if this process is killed (initdb
-    must not write on into a folder the next start will clear)."""
+    ``die_with_caller``: if this process is killed, the tool and every process it
+    started are killed too (initdb must not write on into a folder the next start
+    will clear)."""
     parent = os.getpid()
+    if die_with_caller:
+        args = ["/bin/sh", "-c", _TAKE_ALONG, "sh", *args]
     with tempfile.TemporaryFile("w+") as output:
         try:
             result = subprocess.run(

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,13 @@ class EmbeddedServices:
         """The servers' pids and their guard's."""
         guard = self.guard_pid()
         return self.server_pids() | ({guard} if guard else set())
+
+    @contextmanager
+    def settled(self) -> Iterator[set[int]]:
+        """``own_pids`` held still: inside, no process starts or stops a server (the
+        folder's lock), so a server still starting is never taken for something else."""
+        with self._holders.locked():
+            yield self.own_pids()
 
     # -- the guard --------------------------------------------------------------
     # Not every holder gets to release at exit (a supervisor killed with -9 before its

@@ -14,7 +14,12 @@ from sqlalchemy.orm import Session
 from dashboard.auth.models import User
 from dashboard.memory.models import MemoryBuild
 from dashboard.memory.queue import BuildQueue, build_job_id, fanout_job_id
-from dashboard.memory.requests import Fanout, request_builds, request_builds_for_plan
+from dashboard.memory.requests import (
+    Fanout,
+    request_again,
+    request_builds,
+    request_builds_for_plan,
+)
 from dashboard.memory.runner import fail_running
 from dashboard.orbitpilot.models import Conversation
 from dashboard.plans.models import Plan
@@ -35,10 +40,11 @@ class SweepResult:
 
 def sweep_builds(session: Session, queue: BuildQueue, *, stale_after: float | None = None,
                  requeue_after: float | None = None) -> SweepResult:
-    """Fail running builds whose worker stopped heartbeating; push queued builds and plan
-    fan-outs whose job is gone. Safe to run from any number of processes at once.
-    (clock_timestamp, not now(): a long-lived session's transaction may have started well
-    before this pass.) The thresholds default to the queue's settings."""
+    """Fail running builds whose worker stopped heartbeating, and queue their requests
+    again; push queued builds and plan fan-outs whose job is gone. Safe to run from any
+    number of processes at once. (clock_timestamp, not now(): a long-lived session's
+    transaction may have started well before this pass.) The thresholds default to the
+    queue's settings."""
     settings = queue.settings
     stale_after = settings.stale_seconds if stale_after is None else stale_after
     requeue_after = settings.requeue_seconds if requeue_after is None else requeue_after
@@ -57,6 +63,9 @@ def sweep_builds(session: Session, queue: BuildQueue, *, stale_after: float | No
             or_(Plan.fanned_out_at.is_(None), Plan.fanned_out_at < Plan.memory_changed_at),
         ).order_by(Plan.id)
     ).all()
+    # After reading what waits: these go out at the caller's commit, not now (a worker
+    # handed an id before its row is committed finds no build).
+    request_again(session, failed, max_attempts=settings.max_attempts)
     candidates = {build_job_id(i): ("build", i) for i in waiting}
     candidates.update({fanout_job_id(i): ("fanout", Fanout(i)) for i in behind})
     lost = queue.lost(candidates)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import case, event, func, or_, select, text
+from sqlalchemy import case, event, func, literal, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, SessionTransaction, scoped_session
 
@@ -102,6 +102,40 @@ def request_builds(
         if mode == "quick":
             book.append((transaction, request))
     return sorted(requests, key=lambda r: r.user_id)
+
+
+def request_again(session: Session, build_ids: Iterable[int], *, max_attempts: int) -> int:
+    """The requests of interrupted builds (their worker killed, Redis lost), queued again:
+    the same user, mode, trigger, requester and time, with the attempts already spent,
+    so a build that keeps killing its worker stops after ``max_attempts`` (its record
+    then says so). A build already queued for the user takes it in (full wins). Pushed
+    at the caller's commit; how many were asked again."""
+    ids = sorted(set(build_ids))
+    if not ids:
+        return 0
+    columns = ("user_id", "mode", "trigger", "requested_by_id", "attempts", "created_at")
+    # Builds that were running: one per user at most (uq_memory_builds_one_running).
+    interrupted = (
+        select(*(getattr(MemoryBuild, c) for c in columns), literal("queued"))
+        .where(MemoryBuild.id.in_(ids), MemoryBuild.attempts < max_attempts)
+    )
+    stmt = pg_insert(MemoryBuild).from_select([*columns, "status"], interrupted)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[MemoryBuild.user_id],
+        index_where=text("status = 'queued'"),
+        set_={"mode": _merge_mode(stmt.excluded.mode)},
+    ).returning(MemoryBuild.id, text("(xmax = 0) AS inserted"))
+    asked = session.execute(stmt).all()
+    for build_id, inserted in asked:
+        if inserted:
+            defer_job(session, ("build", build_id))
+    session.execute(
+        update(MemoryBuild)
+        .where(MemoryBuild.id.in_(ids), MemoryBuild.attempts >= max_attempts)
+        .values(error=func.concat(MemoryBuild.error,
+                                  f"; not asked again after {max_attempts} attempts"))
+    )
+    return len(asked)
 
 
 def build_for_change(session: Session, user_id: int) -> BuildRequest:

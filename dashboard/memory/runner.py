@@ -24,6 +24,7 @@ from dashboard.memory.embedders import Embedder, get_embedder
 from dashboard.memory.locks import hold_user, release_user
 from dashboard.memory.models import MemoryBuild
 from dashboard.memory.pipeline import BuildResult, run_memory_build
+from dashboard.memory.requests import request_again
 from dashboard.memory.settings import EngineSettings
 from dashboard.refusals import Refusal
 
@@ -103,13 +104,20 @@ def _finish(engine: Engine, build_id: int, *, reason: str, requeue: bool) -> str
     return "failed"
 
 
-def abandon_build(engine: Engine, build_id: int, reason: str) -> bool:
-    """A job that ended outside our code (its work horse killed, the worker shut down)
-    records its build failed at once instead of leaving it to the sweeper. Only a running
-    build: one still queued (its horse died waiting for the user's lock, or it went back
-    to the queue for a retry) stays queued, and runs."""
-    with engine.begin() as conn:
-        return conn.execute(fail_running(MemoryBuild.id == build_id, reason=reason)).rowcount == 1
+def abandon_build(engine: Engine, build_id: int, reason: str, *,
+                  max_attempts: int = EngineSettings.max_attempts) -> bool:
+    """A job that ended outside our code (its work horse killed, the worker shut down or
+    lost Redis) records its build failed at once instead of leaving it to the sweeper,
+    and its request is queued again (``request_again``): the change that asked for it
+    is still to be built. Only a running build: one still queued (its horse died waiting
+    for the user's lock, or it went back to the queue for a retry) stays queued, and
+    runs. True if it was running."""
+    with Session(engine) as session, session.begin():
+        failed = session.execute(fail_running(MemoryBuild.id == build_id, reason=reason))
+        if failed.rowcount != 1:
+            return False
+        request_again(session, [build_id], max_attempts=max_attempts)
+    return True
 
 
 def _claim(session: Session, build_id: int, user_id: int, embedder: Embedder):

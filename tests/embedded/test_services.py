@@ -287,6 +287,68 @@ def test_sigkill_during_initdb_then_a_clean_start(tmp_path):
         services.release()
 
 
+def _initdb_at_work(root: Path) -> tuple[psutil.Process, psutil.Process] | None:
+    """initdb of ``root`` and a postgres child it runs a step in (bootstrap, single-user
+    mode), if it is at such a step now."""
+    for proc in servers_of(root, "initdb"):
+        with contextlib.suppress(psutil.Error):
+            for child in proc.children(recursive=True):
+                if child.name() == "postgres":
+                    return proc, child
+    return None
+
+
+def _running(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def test_a_starter_killed_during_initdb_takes_initdb_and_its_children_with_it(tmp_path):
+    root = tmp_path / "services"
+    starter = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from dashboard.embedded import EmbeddedServices
+        EmbeddedServices({str(root)!r}).ensure()
+    """)], cwd=ROOT, start_new_session=True)  # its own group, like a shell job
+    tree: list[psutil.Process] = []
+    try:
+        frozen = None
+        deadline = time.monotonic() + 60
+        while frozen is None and time.monotonic() < deadline:
+            found = _initdb_at_work(root)
+            with contextlib.suppress(psutil.Error):
+                if found:
+                    # A step that takes long (a loaded machine, a slow disk): its postgres
+                    # is frozen, so initdb cannot finish the step by itself.
+                    child = found[1]
+                    child.suspend()
+                    if wait_until(lambda c=child: c.status() == psutil.STATUS_STOPPED, 1):
+                        frozen = found  # not a step that ended before the signal came
+        assert frozen is not None, "initdb never ran a step in a postgres of its own"
+        initdb = frozen[0]
+        tree = [initdb, *initdb.children(recursive=True)]
+        os.killpg(starter.pid, signal.SIGKILL)  # the whole group: what a terminal kill does
+        starter.wait(timeout=10)
+        assert wait_until(lambda: not any(_running(p) for p in tree), timeout=10), \
+            [(p.pid, p.name()) for p in tree if _running(p)]
+        assert servers_of(root) == []
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+    services = EmbeddedServices(root)  # the next start works
+    services.ensure()
+    try:
+        with psycopg.connect(superuser(services, "postgres")) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert list(root.glob("pgdata.init-*")) == []
+    finally:
+        services.release()
+
+
 def test_an_unfinished_data_folder_is_made_again(tmp_path):
     root = tmp_path / "services"
     pgdata = root / "pgdata"

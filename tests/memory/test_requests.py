@@ -203,6 +203,8 @@ def test_sweeper_fails_silent_running_builds_and_pushes_lost_queued_ones(app, db
     assert (result.failed, result.requeued) == (1, 1)
     db_session.refresh(stuck)
     assert stuck.status == "failed" and "heartbeat" in stuck.error
+    # The stuck build's request is queued again, so its change still gets built.
+    assert [(b.mode, b.trigger) for b in queued(db_session, stuck_user.id)] == [("quick", "user")]
     assert Job.exists(build_job_id(waiting.id), connection=redis_client())
     # A second pass finds the job alive and pushes nothing.
     again = sweep_builds(db_session, build_queue(app), stale_after=60, requeue_after=30)

@@ -10,12 +10,16 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select
+from redis import Redis
+from sqlalchemy import func, select, update
 
+from dashboard.embedded import EmbeddedServices
 from dashboard.extensions import db
+from dashboard.memory import BuildQueue, abandon_build, settings_from
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.maintenance import sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
+from dashboard.memory.queue import build_job_id
 from dashboard.memory.requests import request_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.queues import build_queue
@@ -27,12 +31,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CANARY = "CANARY-7f3a-do-not-leak"
 
 
-def worker_env(app, gate: Path | None = None) -> dict[str, str]:
+def worker_env(app, gate: Path | None = None, redis_url: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         FLASK_APP="wsgi.py",
         DATABASE_URL=app.config["SQLALCHEMY_DATABASE_URI"],
-        REDIS_URL=app.config["REDIS_URL"],
+        REDIS_URL=redis_url or app.config["REDIS_URL"],
         BUILD_QUEUE=app.config["BUILD_QUEUE"],
         BUILD_HEARTBEAT_SECONDS="0.2",
         EMBEDDER="hashing",
@@ -48,6 +52,12 @@ def start_worker(app, *args: str, gate: Path | None = None) -> subprocess.Popen:
         env=worker_env(app, gate), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, start_new_session=True,
     )
+
+
+# No periodic tasks: nothing but the worker itself may push a job.
+NO_PERIODIC_TASKS = {name: "0" for name in ("BUILD_SWEEP_SECONDS", "BUILD_SCHEDULE_SECONDS",
+                                            "AUDIT_CHECKPOINT_SECONDS",
+                                            "ERASURE_VACUUM_SECONDS")}
 
 
 def finish(proc: subprocess.Popen, timeout: float = 120) -> str:
@@ -214,20 +224,27 @@ def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, c
 
 
 @pytest.mark.processes
-def test_a_killed_work_horse_is_recorded_by_the_worker(app, committed, queue, tmp_path):
+def test_a_killed_work_horse_is_recorded_by_the_worker_and_asked_again(app, committed,
+                                                                        queue, tmp_path):
     user = chat_user(committed, pairs=3)
     request = request_build(committed.session, user.id, mode="full")
     committed.session.commit()
-    worker = start_worker(app, "--burst", gate=tmp_path / "never")
+    gate = tmp_path / "gate"
+    worker = start_worker(app, "--burst", gate=gate)
     row = wait_for_status(committed.session, request.build_id, {"running"})
     assert row is not None
     horse_pids = work_horses(worker.pid)
     assert horse_pids, "the worker forked no work horse"
     for pid in horse_pids:
         os.kill(pid, signal.SIGKILL)
-    finish(worker)
+    (again,) = wait_for_queued(committed.session, user.id)
+    gate.touch()
+    output = finish(worker)
     row = build_row(committed.session, request.build_id)
     assert row.status == "failed" and row.error.startswith("worker process terminated")
+    # Its request, queued again, ran on the same worker.
+    assert build_row(committed.session, again.id).status == "succeeded", output
+    assert chunk_count(committed.session, user.id) == 4
 
 
 def work_horses(worker_pid: int) -> list[int]:
@@ -272,3 +289,110 @@ def test_a_job_timeout_fails_the_build_with_the_reason(app, committed, queue):
     row = build_row(committed.session, build_id)
     assert row.status == "failed" and row.error.startswith("timed out")
     assert chunk_count(committed.session, user.id) == 0
+
+
+def running_build(committed, user_id: int, *, mode: str = "quick", attempts: int = 1) -> int:
+    """A build record as a worker leaves it when it dies mid-build."""
+    build = MemoryBuild(user_id=user_id, mode=mode, trigger="user", requested_by_id=user_id,
+                        status="running", attempts=attempts, started_at=func.now(),
+                        heartbeat_at=func.now())
+    committed.session.add(build)
+    committed.session.commit()
+    return build.id
+
+
+def queued_builds(session, user_id: int) -> list[MemoryBuild]:
+    session.rollback()
+    return session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id,
+                                                     MemoryBuild.status == "queued")).all()
+
+
+def wait_for_queued(session, user_id: int, timeout: float = 30.0) -> list[MemoryBuild]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = queued_builds(session, user_id)
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"no build of user {user_id} was queued")
+
+
+def test_an_interrupted_build_is_asked_again_until_its_attempts_run_out(app, committed,
+                                                                         queue):
+    user = committed.user()
+    committed.session.commit()
+    assert queued_builds(committed.session, user.id) == []
+    first = running_build(committed, user.id, mode="full")
+    reason = "worker process terminated (signal 9)"
+    with app.app_context():
+        assert abandon_build(db.engine, first, reason)
+    row = build_row(committed.session, first)
+    assert (row.status, row.error) == ("failed", reason)
+    # The same request, queued again: its mode, who asked, when, and the attempts it used.
+    (again,) = queued_builds(committed.session, user.id)
+    assert (again.mode, again.trigger, again.requested_by_id, again.attempts) == \
+        ("full", "user", user.id, 1)
+    assert again.created_at == row.created_at
+    assert build_job_id(again.id) in queue.job_ids  # pushed at commit
+    with app.app_context():
+        assert not abandon_build(db.engine, first, reason)  # failed already: left alone
+
+    # Interrupted on its last attempt: failed for good, and the record says so.
+    committed.session.execute(update(MemoryBuild).where(MemoryBuild.id == again.id)
+                              .values(status="running", attempts=3))
+    committed.session.commit()
+    with app.app_context():
+        assert abandon_build(db.engine, again.id, reason)
+    row = build_row(committed.session, again.id)
+    assert row.status == "failed" and row.error.startswith(reason)
+    assert "not asked again" in row.error
+    assert queued_builds(committed.session, user.id) == []
+
+    # A request made during the build is queued already: it takes the interrupted one in.
+    later = request_build(committed.session, user.id, mode="quick")
+    committed.session.commit()
+    third = running_build(committed, user.id, mode="full")
+    with app.app_context():
+        assert abandon_build(db.engine, third, reason)
+    assert [(b.id, b.mode) for b in queued_builds(committed.session, user.id)] == \
+        [(later.build_id, "full")]
+
+
+@pytest.mark.processes
+def test_a_worker_that_loses_redis_mid_build_lives_on_and_builds_it_again(app, committed,
+                                                                            queue, tmp_path):
+    # A Valkey of this test's own, to kill: the suite's serves every other test. For the
+    # worker it is an external Redis (REDIS_URL), not one of its to start again.
+    own = EmbeddedServices(tmp_path / "services")
+    redis_url = own.ensure(postgres=False, redis=True).redis
+    log = tmp_path / "worker.log"
+    worker = None
+    try:
+        user = chat_user(committed, pairs=3)
+        build_id = requested_here(committed, queue, user.id, mode="full")
+        BuildQueue(lambda: Redis.from_url(redis_url), lambda: settings_from(app.config)).push(
+            [("build", build_id)])
+        gate = tmp_path / "gate"
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "flask", "worker"], cwd=ROOT,
+            env={**worker_env(app, gate, redis_url), **NO_PERIODIC_TASKS},
+            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for_status(committed.session, build_id, {"running"})
+        os.kill(own.valkey.pid(), signal.SIGKILL)
+
+        row = wait_for_status(committed.session, build_id, {"failed"}, timeout=30)
+        assert "Redis" in row.error, row.error
+        assert worker.poll() is None, log.read_text()[-3000:]  # it waits for Redis
+        (again,) = queued_builds(committed.session, user.id)
+        own.ensure(postgres=False, redis=True)  # Redis is back
+        gate.touch()
+        assert wait_for_status(committed.session, again.id, {"succeeded", "failed"},
+                               timeout=60).status == "succeeded", log.read_text()[-3000:]
+        assert chunk_count(committed.session, user.id) == 4
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+        assert CANARY not in log.read_text()
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+        own.stop(force=True)
