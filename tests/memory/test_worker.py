@@ -237,7 +237,8 @@ def test_a_killed_work_horse_is_recorded_by_the_worker_and_asked_again(app, comm
     assert horse_pids, "the worker forked no work horse"
     for pid in horse_pids:
         os.kill(pid, signal.SIGKILL)
-    (again,) = wait_for_queued(committed.session, user.id)
+    # Asked again: a new build of the user (the burst worker may have claimed it already).
+    again = wait_for_build_after(committed.session, user.id, request.build_id)
     gate.touch()
     output = finish(worker)
     row = build_row(committed.session, request.build_id)
@@ -305,6 +306,20 @@ def queued_builds(session, user_id: int) -> list[MemoryBuild]:
     session.rollback()
     return session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id,
                                                      MemoryBuild.status == "queued")).all()
+
+
+def wait_for_build_after(session, user_id: int, build_id: int,
+                         timeout: float = 30.0) -> MemoryBuild:
+    """A build of ``user_id`` requested after ``build_id``, in whatever state it is now."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        session.rollback()
+        later = session.scalars(select(MemoryBuild).where(
+            MemoryBuild.user_id == user_id, MemoryBuild.id > build_id)).first()
+        if later is not None:
+            return later
+        time.sleep(0.05)
+    raise AssertionError(f"no build of user {user_id} was requested after {build_id}")
 
 
 def wait_for_queued(session, user_id: int, timeout: float = 30.0) -> list[MemoryBuild]:
