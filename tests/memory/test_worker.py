@@ -322,16 +322,6 @@ def wait_for_build_after(session, user_id: int, build_id: int,
     raise AssertionError(f"no build of user {user_id} was requested after {build_id}")
 
 
-def wait_for_queued(session, user_id: int, timeout: float = 30.0) -> list[MemoryBuild]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = queued_builds(session, user_id)
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"no build of user {user_id} was queued")
-
-
 def test_an_interrupted_build_is_asked_again_until_its_attempts_run_out(app, committed,
                                                                          queue):
     user = committed.user()
