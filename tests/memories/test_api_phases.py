@@ -27,7 +27,9 @@ pytestmark = pytest.mark.processes  # schemathesis' runner in a process of its o
 MAX_EXAMPLES = 15
 # What a schema-valid request may meet besides success: the key's owner lacks the thing
 # (404), its state refuses it (409, 410 once hard-deleted). On the list, a cursor this API
-# never gave out is a 422: an opaque string JSON Schema cannot tell from a real one. A
+# never gave out is a 422: an opaque string JSON Schema cannot tell from a real one. So
+# is a search query with no word to search on (only punctuation, very common words or
+# characters no script defines): the document says so, JSON Schema cannot. A
 # DELETE forgets (a soft delete unless told otherwise): the memory stays readable, and its
 # erasure receipts remain after any forget — by design, not a use after free.
 CONFIG = """
@@ -46,6 +48,10 @@ expected-statuses = ["2XX", "401", "403", "404", "409", "410"]
 [[operations]]
 include-operation-id = "list_memories"
 checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "422"]
+
+[[operations]]
+include-operation-id = "search_memories"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "422"]
 
 [checks.use_after_free]
 enabled = false
