@@ -176,6 +176,14 @@ def held_builds(gate: Path) -> dict[str, str]:
             "BUILD_SWEEP_SECONDS": "1", "BUILD_REQUEUE_SECONDS": "1"}
 
 
+def serving_with_a_held_build(runs, gate: Path):
+    """A run that serves, with one build held running; the run and (build id, user id)."""
+    run = runs(env=held_builds(gate))
+    run.wait_serving()
+    assert wait_until(lambda: run.running_build() is not None, timeout=60), run.output()[-3000:]
+    return run, run.running_build()
+
+
 def running(proc: psutil.Process) -> bool:
     with _gone_is_none():
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
@@ -255,10 +263,7 @@ def test_kill_9_of_the_run_command_while_its_worker_sets_up_leaves_nothing_runni
 def test_a_worker_killed_during_a_build_is_started_again_and_the_build_asked_again(
         runs, tmp_path):
     gate = tmp_path / "gate"
-    run = runs(env=held_builds(gate))
-    run.wait_serving()
-    assert wait_until(lambda: run.running_build() is not None, timeout=60), run.output()[-3000:]
-    build_id, user_id = run.running_build()
+    run, (build_id, user_id) = serving_with_a_held_build(runs, gate)
     worker = run.child("worker")
     horses = worker.children()
     assert horses, "the build runs in no work horse"
@@ -294,10 +299,7 @@ def test_a_worker_killed_during_a_build_is_started_again_and_the_build_asked_aga
 def test_a_valkey_killed_during_a_build_is_started_again_and_the_worker_builds_on(
         runs, tmp_path):
     gate = tmp_path / "gate"
-    run = runs(env=held_builds(gate))
-    run.wait_serving()
-    assert wait_until(lambda: run.running_build() is not None, timeout=60), run.output()[-3000:]
-    build_id, user_id = run.running_build()
+    run, (build_id, user_id) = serving_with_a_held_build(runs, gate)
     worker = run.child("worker")
     (valkey,) = servers_of(run.services.root, "valkey-server")
     with Pages(run.port) as pages:
