@@ -15,13 +15,12 @@ from sqlalchemy import event
 
 import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
 from dashboard.admin.assignments import AssignmentView
-from dashboard.admin.base import StaffIndexView, without_inline_handlers
 from dashboard.admin.views import ApiKeyView, BuildView, ForgetMarkerView, PlanView, UserView
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.views import AuditEventView
 from dashboard.auth.models import User
 from dashboard.auth.views import bp as auth_bp
-from dashboard.auth.views import load_user
+from dashboard.auth.views import load_user, throttle_signin
 from dashboard.blinks.views import bp as blinks_bp
 from dashboard.cli import register_cli
 from dashboard.config import settings_from_env
@@ -42,6 +41,7 @@ from dashboard.plans.models import Plan
 from dashboard.queues import init_queue
 from dashboard.security import csp_nonce, init_security
 from dashboard.sources import SOURCES
+from dashboard.staff import StaffIndexView, without_inline_handlers
 from dashboard.support.views import SupportView
 from dashboard.views import bp as main_bp
 
@@ -80,6 +80,7 @@ def build_app(config: Mapping[str, Any] | None = None) -> Flask:
     init_queue(app)
     init_blueprints(app)
     init_security(app)
+    throttle_signin(app)
     init_api(app)
     init_admin(app)
     register_cli(app)

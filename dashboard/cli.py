@@ -22,6 +22,8 @@ from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 from dashboard.embedded import get_services
 from dashboard.extensions import db
 from dashboard.memories.erasure import vacuum_after_erasures
+from dashboard.plans.services import find_plan
+from dashboard.refusals import Refusal
 
 
 def register_cli(app: Flask) -> None:
@@ -73,12 +75,12 @@ def _fail(message: str) -> None:
 
 def _create(email: str, password: str, name: str, role: str, plan_ref: str | None) -> None:
     try:
-        plan = accounts.find_plan(db.session, plan_ref) if plan_ref else None
+        plan = find_plan(db.session, plan_ref) if plan_ref else None
         user = accounts.create_user(
             db.session, email=email, password=password, display_name=name, role=role,
             plan=plan, min_password_length=current_app.config["PASSWORD_MIN_LENGTH"],
         )
-    except accounts.AccountError as exc:
+    except Refusal as exc:  # an unknown plan, or the account refused
         _fail(exc.sentence)
     record_event(db.session, action="user.create", actor=CLI_ACTOR, owner_id=user.id,
                  target_type="user", target_id=user.id,

@@ -1,8 +1,8 @@
 """What every request and response passes through: a Host that is no host name, a body
 that cannot be read and input PostgreSQL could not store are refused with a clear 400,
 every response carries the security headers (a CSP with a per-request nonce, which
-Flask-Admin's pages work under too), and sign-in is throttled per account and per client
-on the app's Redis."""
+Flask-Admin's pages work under too), and the rate limiter keeps its counts on the app's
+Redis."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from flask_limiter.util import get_remote_address
 from werkzeug.exceptions import ClientDisconnected
 from werkzeug.middleware.proxy_fix import ProxyFix
 from werkzeug.sansio.utils import host_is_trusted
-
-from dashboard.auth.services import normalise_email
 
 log = logging.getLogger(__name__)
 
@@ -224,37 +222,13 @@ def limiter_storage_uri(redis_url: str) -> str:
     return redis_url
 
 
-def signin_account_key() -> str:
-    email = normalise_email(request.form.get("email", ""))
-    # A key is needed for the check even where nothing will be counted (no email).
-    return f"account:{email}" if email else f"anonymous:{get_remote_address()}"
-
-
-def signin_client_key() -> str:
-    return f"client:{get_remote_address()}"
-
-
-_SIGNIN_REFUSED = "orbitpilot.signin_refused"
-
-
-def count_failed_signin() -> None:
-    """The sign-in view refused this email and password: the attempt counts."""
-    request.environ[_SIGNIN_REFUSED] = True
-
-
-def failed_signin(response: Any) -> bool:
-    """Only refused credentials count: not a success, nor a 503 (the database was down:
-    counting those locked everyone out once it was back), nor a form refused before any
-    password was checked (no CSRF token, a field missing)."""
-    return bool(request.environ.get(_SIGNIN_REFUSED))
-
-
 def get_limiter(app: Flask | None = None) -> Limiter:
     return (app or current_app).extensions["orbitpilot.limiter"]
 
 
 def init_security(app: Flask) -> None:
-    """After the blueprints: the sign-in view is wrapped with its limits here."""
+    """Before any limit is set: the limiter lives here (``auth.views.throttle_signin`` sets
+    sign-in's)."""
     # Inside ProxyFix: they see the environ it hands on.
     app.wsgi_app = valid_hosts_only(readable_input(app.wsgi_app), app.config["TRUSTED_HOSTS"])
     proxies = app.config["TRUSTED_PROXIES"]
@@ -275,11 +249,3 @@ def init_security(app: Flask) -> None:
     app.config.setdefault("RATELIMIT_IN_MEMORY_FALLBACK_ENABLED", True)
     limiter = Limiter(key_func=get_remote_address, app=app)
     app.extensions["orbitpilot.limiter"] = limiter
-    signin = app.view_functions["auth.signin"]
-    signin = limiter.limit(lambda: app.config["SIGNIN_LIMIT_PER_ACCOUNT"],
-                           key_func=signin_account_key, methods=["POST"],
-                           deduct_when=failed_signin, scope="signin-account")(signin)
-    signin = limiter.limit(lambda: app.config["SIGNIN_LIMIT_PER_CLIENT"],
-                           key_func=signin_client_key, methods=["POST"],
-                           deduct_when=failed_signin, scope="signin-client")(signin)
-    app.view_functions["auth.signin"] = signin

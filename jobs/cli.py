@@ -11,6 +11,7 @@ from dashboard import memory
 from dashboard.audit.services import CLI_ACTOR, record_event
 from dashboard.auth import services as accounts
 from dashboard.extensions import db
+from dashboard.plans.services import UnknownPlan, find_plan
 from dashboard.queues import build_queue
 from jobs.worker import run_worker
 
@@ -54,8 +55,8 @@ def builds_request(email: str | None, plan_ref: str | None, mode: str) -> None:
         click.echo(f"{user.email}: {state} {request.build_id}")
         return
     try:
-        plan = accounts.find_plan(db.session, plan_ref)
-    except accounts.AccountError as exc:
+        plan = find_plan(db.session, plan_ref)
+    except UnknownPlan as exc:
         _fail(exc.sentence)
     # Also notes the plan as fanned out: every active user has just been requested.
     total = memory.fan_out_plan_builds(db.session, plan.id,

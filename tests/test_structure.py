@@ -24,7 +24,8 @@ EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "api", "openapi", 
               "decorators"}
 EDGE_MODULES = {"dashboard", "dashboard.app", "dashboard.cli", "dashboard.errors",
                 "dashboard.extensions", "dashboard.forms", "dashboard.queues",
-                "dashboard.security", "dashboard.supervisor", "dashboard.views"}
+                "dashboard.security", "dashboard.staff", "dashboard.supervisor",
+                "dashboard.views"}
 EDGE_PACKAGES = ("dashboard.admin",)
 # Model modules may build on Flask-SQLAlchemy's ``db.Model`` (and Flask-Login's mixin).
 MODEL_NAMES = {"models", "models_base", "leases"}

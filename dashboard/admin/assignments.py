@@ -17,7 +17,6 @@ from flask import abort, flash, redirect, request, url_for
 from flask_admin import BaseView, expose
 from flask_login import current_user
 
-from dashboard.admin.base import RoleGate, parse_key
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
 from dashboard.plans.editing import (
@@ -31,6 +30,7 @@ from dashboard.plans.editing import (
 from dashboard.plans.impact import plan_fingerprint, plan_rows, preview_plan_change
 from dashboard.plans.models import Plan
 from dashboard.sources import SOURCES, get_source
+from dashboard.staff import RoleGate, parse_key
 
 CHANGE_KINDS = ("assignment", "cap")
 STALE = ("This plan changed while you were looking at the preview. Nothing was applied; "

@@ -15,7 +15,6 @@ from sqlalchemy.orm import joinedload, selectinload
 from wtforms import SelectField
 from wtforms.fields import SelectChoice
 
-from dashboard.admin.base import AdminOnlyView, ReadOnlyView
 from dashboard.audit.services import Actor
 from dashboard.auth.models import ROLES, User
 from dashboard.auth.services import AccountError, update_account
@@ -29,6 +28,7 @@ from dashboard.plans.impact import count_active_users_by_plan
 from dashboard.plans.models import Plan
 from dashboard.plans.services import SourceState, UserPlan, effective_plan_id, resolve_sources
 from dashboard.sources import get_source
+from dashboard.staff import AdminOnlyView, ReadOnlyView
 
 
 def _page_cache() -> dict[str, Any]:

@@ -15,9 +15,9 @@ from flask import abort, request
 from flask_admin.contrib.sqla.filters import BaseSQLAFilter, FilterEqual
 from markupsafe import Markup
 
-from dashboard.admin.base import ReadOnlyView
 from dashboard.audit.models import AuditEvent
 from dashboard.ids import INT8_MAX, parse_int
+from dashboard.staff import ReadOnlyView
 
 PAGE_SIZE = 50
 # One export is a bounded read held in memory as ORM rows; an older slice is exported

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from werkzeug.security import check_password_hash, generate_password_hash
 
 from dashboard.audit.services import Actor, changes, record_event
 from dashboard.auth.models import ROLES, User
-from dashboard.plans.models import Plan
 from dashboard.refusals import Refusal
+
+if TYPE_CHECKING:  # plans build on accounts, not the other way round
+    from dashboard.plans.models import Plan
 
 EMAIL_RE = re.compile(r"^[^@\s]+@[^@\s]+\.[^@\s]+$")
 # The few passwords every list of leaked passwords starts with.
@@ -55,19 +58,6 @@ def validate_role(role: str) -> str:
     if role not in ROLES:
         raise AccountError(f"Unknown role {role!r}; choose one of: {', '.join(ROLES)}.", "role")
     return role
-
-
-def find_plan(session: Session, slug_or_name: str) -> Plan:
-    plan = session.scalars(
-        select(Plan).where((Plan.slug == slug_or_name) | (func.lower(Plan.name) ==
-                                                          slug_or_name.lower()))
-    ).first()
-    if plan is None:
-        known = session.scalars(select(Plan.slug).order_by(Plan.id)).all()
-        raise AccountError(
-            f"Unknown plan {slug_or_name!r}; known plans: {', '.join(known) or 'none'}.", "plan"
-        )
-    return plan
 
 
 def get_user_by_email(session: Session, email: str) -> User | None:
@@ -169,18 +159,31 @@ def _account_values(user: User) -> dict[str, object]:
     return {"role": user.role, "plan_id": user.plan_id, "active": user.active}
 
 
+def _violates(exc: IntegrityError, column: Any) -> bool:
+    """Whether PostgreSQL refused the row for ``column``'s foreign key."""
+    name = getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
+    return name is not None and name in {fk.constraint.name for fk in column.foreign_keys}
+
+
 def update_account(session: Session, user: User, *, role: str, plan_id: int | None,
                    active: bool, actor: Actor) -> User:
     """A staff edit of an account: its role, its plan (``None``: the default plan) and
     whether it may sign in, audited with before/after. A plan switch requests the
     user's build (``memory.changes``)."""
     validate_role(role)
-    if plan_id is not None and session.get(Plan, plan_id) is None:
-        raise AccountError("That plan does not exist (any more); choose another.", "plan_ref")
     _keep_an_admin(session, user, role=role, active=active)
     before = _account_values(user)
     user.role, user.plan_id, user.active = role, plan_id, bool(active)
-    session.flush()
+    # The plan's foreign key says whether it exists, also when it was deleted a moment
+    # ago; the savepoint keeps the caller's transaction usable.
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError as exc:
+        if not _violates(exc, User.__table__.c.plan_id):
+            raise
+        raise AccountError("That plan does not exist (any more); choose another.",
+                           "plan_ref") from None
     diff = changes(before, _account_values(user))
     if diff["after"]:
         record_event(session, action="user.update", actor=actor, owner_id=user.id,

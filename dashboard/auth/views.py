@@ -1,8 +1,11 @@
-"""Sign up, sign in, sign out."""
+"""Sign up, sign in (throttled per account and per client), sign out."""
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, flash, redirect, render_template, request, url_for
+from flask_limiter.util import get_remote_address
 from flask_login import current_user, login_required, login_user, logout_user
 from sqlalchemy import func
 
@@ -10,7 +13,7 @@ from dashboard.auth import services
 from dashboard.auth.forms import SignInForm, SignUpForm
 from dashboard.extensions import db
 from dashboard.forms import same_site_path
-from dashboard.security import count_failed_signin
+from dashboard.security import get_limiter
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 
@@ -54,7 +57,7 @@ def signup():
 
 @bp.route("/signin", methods=["GET", "POST"])
 def signin():
-    """Sign in with email and password (throttled: see ``security.init_security``)."""
+    """Sign in with email and password (throttled: ``throttle_signin``)."""
     if current_user.is_authenticated:
         return redirect(_safe_next(request.args.get("next")))
     form = SignInForm()
@@ -79,3 +82,43 @@ def signout():
     logout_user()
     flash("You are signed out.", "info")
     return redirect(url_for("auth.signin"))
+
+
+# -- the sign-in throttle -------------------------------------------------------------------
+
+def signin_account_key() -> str:
+    email = services.normalise_email(request.form.get("email", ""))
+    # A key is needed for the check even where nothing will be counted (no email).
+    return f"account:{email}" if email else f"anonymous:{get_remote_address()}"
+
+
+def signin_client_key() -> str:
+    return f"client:{get_remote_address()}"
+
+
+_SIGNIN_REFUSED = "orbitpilot.signin_refused"
+
+
+def count_failed_signin() -> None:
+    """The sign-in view refused this email and password: the attempt counts."""
+    request.environ[_SIGNIN_REFUSED] = True
+
+
+def failed_signin(response: Any) -> bool:
+    """Only refused credentials count: not a success, nor a 503 (the database was down:
+    counting those locked everyone out once it was back), nor a form refused before any
+    password was checked (no CSRF token, a field missing)."""
+    return bool(request.environ.get(_SIGNIN_REFUSED))
+
+
+def throttle_signin(app: Flask) -> None:
+    """Wrap the registered sign-in view with its two limits (after ``init_security``)."""
+    limiter = get_limiter(app)
+    signin_view = app.view_functions["auth.signin"]
+    signin_view = limiter.limit(lambda: app.config["SIGNIN_LIMIT_PER_ACCOUNT"],
+                                key_func=signin_account_key, methods=["POST"],
+                                deduct_when=failed_signin, scope="signin-account")(signin_view)
+    signin_view = limiter.limit(lambda: app.config["SIGNIN_LIMIT_PER_CLIENT"],
+                                key_func=signin_client_key, methods=["POST"],
+                                deduct_when=failed_signin, scope="signin-client")(signin_view)
+    app.view_functions["auth.signin"] = signin_view

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, joinedload
 
 from dashboard.auth.models import User
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
+from dashboard.refusals import NotFound
 from dashboard.sources import SOURCES
 
 FALLBACK_PLAN_NAME = "Free"
@@ -191,6 +192,24 @@ def _load_plan(session: Session, condition: Any) -> Plan | None:
         select(Plan).where(condition).options(joinedload(Plan.assignments))
         .execution_options(populate_existing=True)
     ).unique().first()
+
+
+class UnknownPlan(NotFound):
+    """No plan has that slug or name."""
+
+
+def find_plan(session: Session, slug_or_name: str) -> Plan:
+    """The plan a command names, by slug or (any case) by name."""
+    plan = session.scalars(
+        select(Plan).where((Plan.slug == slug_or_name) | (func.lower(Plan.name) ==
+                                                          slug_or_name.lower()))
+    ).first()
+    if plan is None:
+        known = session.scalars(select(Plan.slug).order_by(Plan.id)).all()
+        raise UnknownPlan(
+            f"Unknown plan {slug_or_name!r}; known plans: {', '.join(known) or 'none'}.", "plan"
+        )
+    return plan
 
 
 def get_default_plan(session: Session) -> UserPlan:

@@ -10,8 +10,8 @@ from typing import Any
 from flask import abort, redirect, request
 from flask_admin import BaseView, expose
 
-from dashboard.admin.base import RoleGate
 from dashboard.extensions import db
+from dashboard.staff import RoleGate
 from dashboard.support.services import find_user_id, plan_report, user_trace
 
 NO_SUCH_USER = "There is no such user."

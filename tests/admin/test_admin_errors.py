@@ -9,9 +9,9 @@ import re
 import pytest
 from sqlalchemy import create_engine, select, text
 
-from dashboard.admin.base import SAVE_FAILED
 from dashboard.auth.models import User
 from dashboard.plans.models import Plan
+from dashboard.staff import SAVE_FAILED
 from tests.conftest import csrf_from
 from tests.factories import PASSWORD, default_plan, make_plan, make_user
 
