@@ -13,6 +13,7 @@ from flask_admin import Admin
 from flask_admin.theme import Bootstrap4Theme
 from sqlalchemy import event
 
+import dashboard.catalog  # noqa: F401  (installs the sources, in rank order)
 import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
 from dashboard.admin.assignments import AssignmentView
 from dashboard.admin.views import ApiKeyView, BuildView, ForgetMarkerView, PlanView, UserView
@@ -40,7 +41,7 @@ from dashboard.orbitpilot.views import bp as orbitpilot_bp
 from dashboard.plans.models import Plan
 from dashboard.queues import init_queue
 from dashboard.security import csp_nonce, init_security
-from dashboard.sources import SOURCES
+from dashboard.sources import registered_sources
 from dashboard.staff import StaffIndexView, without_inline_handlers
 from dashboard.support.views import SupportView
 from dashboard.views import bp as main_bp
@@ -175,4 +176,4 @@ def init_admin(app: Flask) -> Admin:
 def init_templates(app: Flask) -> None:
     @app.context_processor
     def inject_registry() -> dict[str, Any]:
-        return {"SOURCE_REGISTRY": SOURCES}
+        return {"SOURCE_REGISTRY": registered_sources()}

@@ -1,8 +1,8 @@
-"""The source registry: defined in code, ordered, and the order is the rank. Each entry owns
-its label and default, the extractor that turns a user's rows into records, and what it
-*watches* (the writes that change those records: ``memory.changes`` requests builds from
-them, the schedule probes them). Nothing forgotten comes back: excluded Blinks, memories
-not ``active`` and flagged chat pairs are filtered here, in SQL."""
+"""The source registry: each content domain defines its sources (``<domain>/source.py``:
+label, default, the extractor that turns a user's rows into records, the writes it
+*watches*), and ``dashboard.catalog`` installs them here in rank order, so the engine,
+plans and pages read them without importing the domains. Nothing forgotten comes back:
+excluded Blinks, memories not ``active`` and flagged chat pairs are filtered in SQL."""
 
 from __future__ import annotations
 
@@ -11,13 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, exists, false, or_, select
+from sqlalchemy import ColumnElement, exists, false, or_
 from sqlalchemy.orm import Session
-
-from dashboard.blinks.models import Blink
-from dashboard.documents.models import Document
-from dashboard.memories.models import Memory
-from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 
 
 @dataclass(frozen=True)
@@ -51,6 +46,18 @@ class Watch:
 
 
 @dataclass(frozen=True)
+class Parts:
+    """A source whose records come in parts (``source_id`` is ``"<part id>:<n>"``), each
+    part a row of ``model`` whose ``stamp`` column holds the transaction that last wrote
+    it: a quick build re-reads only the parts the last build could not see."""
+
+    model: type
+    owner: str
+    stamp: str
+    extract: Callable[[Session, int, list[int]], list[Record]]  # the records of some parts
+
+
+@dataclass(frozen=True)
 class Source:
     key: str
     label: str
@@ -58,6 +65,9 @@ class Source:
     records: str  # what one record is, in words (staff pages)
     extract: Extractor
     watches: tuple[Watch, ...]
+    parts: Parts | None = None
+    # How many of a user's items the user marked "do not remember" (the status page).
+    not_remembered: Callable[[Session, int], int] | None = None
 
     def changed_since(self, user_id: ColumnElement[int],
                       since: ColumnElement[datetime]) -> ColumnElement[bool]:
@@ -69,111 +79,7 @@ class Source:
         return or_(*probes) if probes else false()
 
 
-# -- extractors ---------------------------------------------------------------------------
-
-def extract_profile(session: Session, user_id: int) -> list[Record]:
-    facts = session.execute(
-        select(ProfileFact.key, ProfileFact.value)
-        .where(ProfileFact.user_id == user_id)
-        .order_by(ProfileFact.key)
-    ).all()
-    if not facts:
-        return []
-    text = "\n".join(f"{key}: {value}" for key, value in facts)
-    return [Record(PROFILE, "profile", text)]
-
-
-def extract_blinks(session: Session, user_id: int) -> list[Record]:
-    rows = session.execute(
-        select(Blink.id, Blink.title, Blink.content)
-        .where(Blink.user_id == user_id, Blink.excluded_from_memory.is_(False))
-        .order_by(Blink.id)
-    ).all()
-    return [
-        Record(BLINKS, str(id_), f"{title}\n{content}" if title else content)
-        for id_, title, content in rows
-    ]
-
-
-def extract_saved_memories(session: Session, user_id: int) -> list[Record]:
-    rows = session.execute(
-        select(Memory.id, Memory.content)
-        .where(Memory.owner_id == user_id, Memory.status == "active")
-        .order_by(Memory.created_at, Memory.id)
-    ).all()
-    return [Record(SAVED, str(id_), content) for id_, content in rows]
-
-
-def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
-    """Each answered (user message, reply) pair, ``source_id = "<conversation>:<pair>"``."""
-    return extract_chat_pairs(session, user_id)
-
-
-def extract_chat_pairs(session: Session, user_id: int,
-                       conversation_ids: Any = None) -> list[Record]:
-    """The chat-history records of the user's conversations, or of some of them (ids, or a
-    query of ids: the dry run re-reads only conversations changed since the last build).
-
-    ``pair_index`` counts every user turn in order; a flagged or unanswered turn emits
-    nothing but keeps its index, so every other pair keeps its ``source_id`` across builds.
-    The reply is the assistant turn whose ``reply_to_id`` names the user turn (the earliest,
-    if regenerated); one without a link answers the user turn right before it."""
-    query = (
-        select(Message.id, Message.conversation_id, Message.role, Message.content,
-               Message.not_remembered, Message.reply_to_id)
-        .where(Message.user_id == user_id)
-        .order_by(Message.conversation_id, Message.position)
-    )
-    if conversation_ids is not None:
-        query = query.where(Message.conversation_id.in_(conversation_ids))
-    rows = session.execute(query).all()
-
-    records: list[Record] = []
-    conversation_id: int | None = None
-    turns: list[tuple[int, str, bool]] = []  # (message id, content, not_remembered)
-    replies: dict[int, str] = {}
-
-    def flush() -> None:
-        for pair_index, (message_id, question, flagged) in enumerate(turns):
-            answer = replies.get(message_id)
-            if flagged or answer is None:
-                continue
-            records.append(Record(
-                CHAT_HISTORY,
-                f"{conversation_id}:{pair_index}",
-                f"User: {question}\nOrbitPilot: {answer}",
-            ))
-
-    previous_user_turn: int | None = None
-    for id_, conv_id, role, content, flagged, reply_to in rows:
-        if conv_id != conversation_id:
-            if conversation_id is not None:
-                flush()
-            conversation_id, turns, replies, previous_user_turn = conv_id, [], {}, None
-        if role == "user":
-            turns.append((id_, content, bool(flagged)))
-            previous_user_turn = id_
-        else:
-            target = reply_to if reply_to is not None else previous_user_turn
-            if target is not None and target not in replies:
-                replies[target] = content
-            previous_user_turn = None
-    if conversation_id is not None:
-        flush()
-    return records
-
-
-def extract_documents(session: Session, user_id: int) -> list[Record]:
-    rows = session.execute(
-        select(Document.id, Document.title, Document.content)
-        .where(Document.user_id == user_id)
-        .order_by(Document.id)
-    ).all()
-    return [Record(DOCUMENTS, str(id_), f"{title}\n\n{content}") for id_, title, content
-            in rows]
-
-
-# -- the registry -------------------------------------------------------------------------
+# -- the keys, and the registry -----------------------------------------------------------
 
 PROFILE = "orbitpilot.profile"
 BLINKS = "blink.blinks"
@@ -181,39 +87,35 @@ SAVED = "xmemo.saved"
 CHAT_HISTORY = "orbitpilot.chat_history"
 DOCUMENTS = "docs.documents"
 
-SOURCES: tuple[Source, ...] = (
-    Source(PROFILE, "Your profile", True, "the user's profile facts (one record)",
-           extract_profile,
-           (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),)),
-    Source(BLINKS, "Your Blinks", True, "each Blink not excluded from memory",
-           extract_blinks,
-           (Watch(Blink, "user_id", frozenset({"title", "content", "excluded_from_memory"})),)),
-    Source(SAVED, "Saved memories", True,
-           "each memory saved through /v1/memories with status active",
-           extract_saved_memories,
-           (Watch(Memory, "owner_id", frozenset({"content", "status"})),)),
-    Source(CHAT_HISTORY, "Chat history", True,
-           "each answered (user message, assistant reply) pair not marked not-remembered",
-           _extract_chat_history,
-           # A new turn alone requests nothing: the conversation's end (or idleness)
-           # does. Edits, flags and deletions request a build at once.
-           (Watch(Message, "user_id", frozenset({"content", "not_remembered", "reply_to_id"}),
-                  on_insert=False),
-            Watch(Conversation, "user_id", on_insert=False, stamp=None))),
-    Source(DOCUMENTS, "Uploaded documents", False, "each document's text",
-           extract_documents,
-           (Watch(Document, "user_id", frozenset({"title", "content"})),)),
-)
+_installed: tuple[Source, ...] = ()
+_by_key: dict[str, Source] = {}
 
-SOURCE_KEYS: tuple[str, ...] = tuple(s.key for s in SOURCES)
-_BY_KEY = {s.key: s for s in SOURCES}
+
+def install(sources: tuple[Source, ...]) -> None:
+    """Install the product's sources, in rank order (``dashboard.catalog`` does, once)."""
+    global _installed, _by_key
+    if _installed and _installed != sources:
+        raise RuntimeError("another set of sources is installed already")
+    _installed, _by_key = sources, {s.key: s for s in sources}
+
+
+def registered_sources() -> tuple[Source, ...]:
+    """Every source, in rank order."""
+    if not _installed:
+        raise RuntimeError("no sources are installed: import dashboard.catalog first")
+    return _installed
+
+
+def source_keys() -> tuple[str, ...]:
+    return tuple(s.key for s in registered_sources())
 
 
 def get_source(key: str) -> Source:
+    registered_sources()
     try:
-        return _BY_KEY[key]
+        return _by_key[key]
     except KeyError:
-        raise KeyError(f"unknown source {key!r}; known: {', '.join(SOURCE_KEYS)}") from None
+        raise KeyError(f"unknown source {key!r}; known: {', '.join(source_keys())}") from None
 
 
 def extract(session: Session, user_id: int, source_keys: tuple[str, ...]) -> list[Record]:

@@ -11,6 +11,7 @@ from dashboard import memory
 from dashboard.audit.services import CLI_ACTOR, record_event
 from dashboard.auth import services as accounts
 from dashboard.extensions import db
+from dashboard.orbitpilot import services as chat
 from dashboard.plans.services import UnknownPlan, find_plan
 from dashboard.queues import build_queue
 from jobs.worker import run_worker
@@ -85,7 +86,7 @@ def builds_sweep() -> None:
 def builds_schedule(everyone: bool) -> None:
     """Cron-friendly: request quick builds for users whose memory inputs changed."""
     settings = build_queue().settings
-    idle = memory.request_idle_conversation_builds(db.session,
+    idle = chat.request_idle_conversation_builds(db.session,
                                                    idle_minutes=settings.idle_minutes)
     scheduled = memory.request_scheduled_builds(
         db.session, margin_seconds=settings.schedule_margin_seconds, everyone=everyone)

@@ -17,6 +17,7 @@ from dashboard.audit.anchors import Anchoring
 from dashboard.audit.services import anchor_head, checkpoint_chain
 from dashboard.leases import claim_lease
 from dashboard.memories.erasure import vacuum_after_erasures
+from dashboard.orbitpilot import services as chat
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
     PeriodicTask("sweep", "BUILD_SWEEP_SECONDS",
                  lambda session, queue, config: memory.sweep_builds(session, queue)),
     PeriodicTask("idle_conversations", "BUILD_SWEEP_SECONDS",
-                 lambda session, queue, config: memory.request_idle_conversation_builds(
+                 lambda session, queue, config: chat.request_idle_conversation_builds(
                      session, idle_minutes=queue.settings.idle_minutes)),
     PeriodicTask("schedule", "BUILD_SCHEDULE_SECONDS",
                  lambda session, queue, config: memory.request_scheduled_builds(

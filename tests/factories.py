@@ -4,6 +4,7 @@ rollback undoes them (``committed`` callers commit themselves)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 from sqlalchemy import select, update
 from werkzeug.security import generate_password_hash
 
+from dashboard import sources
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
@@ -199,6 +201,24 @@ def make_build_record(user, status: str = "succeeded", **fields) -> MemoryBuild:
                 "started_at": now - timedelta(seconds=2) if status != "queued" else None,
                 "finished_at": now if status in ("succeeded", "failed") else None}
     return MemoryBuild(user_id=user.id, status=status, **{**defaults, **fields})
+
+
+def with_source(monkeypatch, key: str, **changes: Any) -> sources.Source:
+    """For the rest of the test, the installed source ``key`` with ``changes`` (a spy on
+    its extractor, another default); the registry is as installed again afterwards."""
+    changed = tuple(dataclasses.replace(s, **changes) if s.key == key else s
+                    for s in sources.registered_sources())
+    monkeypatch.setattr(sources, "_installed", changed)
+    monkeypatch.setattr(sources, "_by_key", {s.key: s for s in changed})
+    return sources.get_source(key)
+
+
+def replace_parts_extract(monkeypatch, key: str, extract: Any) -> Any:
+    """For the rest of the test, the source re-reads its parts with ``extract``; returns
+    the extractor it had (for a spy to call)."""
+    parts = sources.get_source(key).parts
+    with_source(monkeypatch, key, parts=dataclasses.replace(parts, extract=extract))
+    return parts.extract
 
 
 def plans_of(session) -> UserPlans:

@@ -4,15 +4,12 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from dashboard.blinks.models import Blink
+from dashboard.blinks.source import extract_blinks
 from dashboard.memories.models import Memory
+from dashboard.memories.source import extract_saved_memories
 from dashboard.orbitpilot.models import Message, ProfileFact
-from dashboard.sources import (
-    _extract_chat_history,
-    extract,
-    extract_blinks,
-    extract_profile,
-    extract_saved_memories,
-)
+from dashboard.orbitpilot.source import _extract_chat_history, extract_profile
+from dashboard.sources import extract
 from tests.factories import make_conversation, make_user, user_turns
 
 

@@ -1,6 +1,7 @@
 """The shape of the code, read from its imports: other packages reach the memory engine and
 the embedded servers through their front doors only, service modules import no web
-framework, no import circle anywhere, short docstrings, no pointers outside the repo."""
+framework, no import circle among modules or packages, short docstrings, no pointers
+outside the repo."""
 
 from __future__ import annotations
 
@@ -178,13 +179,37 @@ def test_service_modules_import_no_web_framework():
     assert wrong == []
 
 
-def _cycle() -> list[str] | None:
+def _module_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = defaultdict(set)
     for name in MODULES:
         for target in imports_of(name):
             own = _own(target)
             if own is not None and own != name:
                 graph[name].add(own)
+    return graph
+
+
+def package_of(module: str) -> str:
+    """``dashboard.memory.pipeline`` -> ``dashboard.memory``; ``dashboard.sources`` is a
+    package of its own, ``dashboard`` (its ``__init__``) too; all of ``jobs`` is one."""
+    parts = module.split(".")
+    return "jobs" if parts[0] == "jobs" else ".".join(parts[:2])
+
+
+def _package_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """Packages and the imports between them, with one import that makes each edge."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    example: dict[tuple[str, str], str] = {}
+    for name, targets in _module_graph().items():
+        for target in sorted(targets):
+            edge = (package_of(name), package_of(target))
+            if edge[0] != edge[1]:
+                graph[edge[0]].add(edge[1])
+                example.setdefault(edge, f"{name} imports {target}")
+    return graph, example
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     path: list[str] = []
 
@@ -200,15 +225,26 @@ def _cycle() -> list[str] | None:
         state[node] = 2
         return None
 
-    for node in sorted(MODULES):
+    for node in sorted(graph):
         if node not in state and (found := visit(node)):
             return found
     return None
 
 
 def test_no_import_circle_among_our_modules():
-    cycle = _cycle()
+    cycle = _cycle(_module_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_no_import_circle_among_our_packages():
+    """Each domain folder (and each top-level module) is one node: a domain may build on
+    another, never both ways. The content domains give the engine their sources through
+    the registry (``dashboard.catalog`` installs them) instead of the engine importing
+    them."""
+    graph, example = _package_graph()
+    cycle = _cycle(graph)
+    assert cycle is None, "package circle: " + " -> ".join(cycle) + "\n" + "\n".join(
+        example[edge] for edge in zip(cycle, cycle[1:], strict=False))
 
 
 def test_the_checks_see_what_they_claim_to(tmp_path):
@@ -221,6 +257,12 @@ def test_the_checks_see_what_they_claim_to(tmp_path):
     assert _door_aliases(ast.parse("from dashboard import memory")) == \
         {"memory": "dashboard.memory"}
     assert "execute_build" in _public("dashboard.memory")
+    assert package_of("dashboard.memory.pipeline") == "dashboard.memory"
+    assert package_of("jobs.worker") == "jobs" and package_of("dashboard") == "dashboard"
+    graph, _ = _package_graph()
+    assert {"dashboard.memory", "dashboard.sources"} <= graph["dashboard.orbitpilot"]
+    # A circle is found, and named, where there is one.
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
 SOURCE_TREES = ("dashboard", "jobs", "tests", "bench", "migrations", "scripts")

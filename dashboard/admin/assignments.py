@@ -29,7 +29,7 @@ from dashboard.plans.editing import (
 )
 from dashboard.plans.impact import plan_fingerprint, plan_rows, preview_plan_change
 from dashboard.plans.models import Plan
-from dashboard.sources import SOURCES, get_source
+from dashboard.sources import get_source, registered_sources
 from dashboard.staff import RoleGate, parse_key
 
 CHANGE_KINDS = ("assignment", "cap")
@@ -61,8 +61,8 @@ class PlanChange:
 def _parse_cap(raw: str | None) -> int:
     text = (raw or "").strip()
     if not text.isdigit() or len(text) > 3:
-        raise PlanError(f"Choose a whole number from 0 to {len(SOURCES)} (the number of "
-                        "sources there are).", "included_sources")
+        raise PlanError(f"Choose a whole number from 0 to {len(registered_sources())} (the "
+                        "number of sources there are).", "included_sources")
     return check_cap(int(text))
 
 
@@ -75,7 +75,8 @@ class AssignmentView(RoleGate, BaseView):
 
     def _matrix(self, error: str | None = None, status: int = 200) -> Any:
         return self.render("admin/assignments/matrix.html", rows=plan_rows(db.session),
-                           sources=SOURCES, error=error, max_cap=len(SOURCES)), status
+                           sources=registered_sources(), error=error,
+                           max_cap=len(registered_sources())), status
 
     def _change(self) -> PlanChange:
         """The change the form describes; an unknown plan is 404, a bad value a

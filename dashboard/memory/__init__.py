@@ -19,7 +19,6 @@ from dashboard.memory.embedders import (
 from dashboard.memory.locks import BuildsBusy, forget_chunks, wait_for_builds
 from dashboard.memory.maintenance import (
     fan_out_plan_builds,
-    request_idle_conversation_builds,
     request_scheduled_builds,
     sweep_builds,
 )
@@ -51,8 +50,8 @@ __all__ = [
     "BuildSummary", "MemoryStatus", "NothingToSearch", "memory_status", "preview_memory_build",
     "search_memory",
     # jobs
-    "abandon_build", "execute_build", "fan_out_plan_builds",
-    "request_idle_conversation_builds", "request_scheduled_builds", "sweep_builds",
+    "abandon_build", "execute_build", "fan_out_plan_builds", "request_scheduled_builds",
+    "sweep_builds",
     # what they run with
     "BuildQueue", "Embedder", "EngineSettings", "MemoryBuild", "MemoryChunk", "MemoryState",
     "bind_queue", "embedder_model_name", "get_embedder", "preload_embedder", "settings_from",

@@ -19,12 +19,23 @@ from sqlalchemy.orm import Session, UOWTransaction
 from dashboard.auth.models import User
 from dashboard.memory.requests import request_builds, request_plan_fanout
 from dashboard.plans.models import Plan, SourceAssignment
-from dashboard.sources import SOURCES, Watch
+from dashboard.sources import Source, Watch, registered_sources
 
-_WATCHES: dict[type, list[Watch]] = defaultdict(list)
-for _source in SOURCES:
-    for _watch in _source.watches:
-        _WATCHES[_watch.model].append(_watch)
+_watched: tuple[tuple[Source, ...], dict[type, list[Watch]]] = ((), {})
+
+
+def _watches() -> dict[type, list[Watch]]:
+    """The installed sources' watches by model (read on the first flush, not at import:
+    the sources are installed after the engine is imported)."""
+    global _watched
+    installed = registered_sources()
+    if _watched[0] is not installed:
+        by_model: dict[type, list[Watch]] = defaultdict(list)
+        for source in installed:
+            for watch in source.watches:
+                by_model[watch.model].append(watch)
+        _watched = (installed, dict(by_model))
+    return _watched[1]
 
 
 def _changed(obj: object, fields: Iterable[str]) -> bool:
@@ -45,15 +56,16 @@ def changed_owners(session: Session) -> tuple[set[int], set[int], set[int]]:
     content: set[int] = set()
     plan_moves: set[int] = set()
     plans: set[int] = set()
+    watches = _watches()
     for objects, counts in ((session.new, "on_insert"), (session.deleted, "on_delete")):
         for obj in objects:
-            for watch in _WATCHES.get(type(obj), ()):
+            for watch in watches.get(type(obj), ()):
                 if getattr(watch, counts):
                     content |= _owners(obj, watch)
             if isinstance(obj, SourceAssignment):
                 plans.add(obj.plan_id)
     for obj in session.dirty:
-        for watch in _WATCHES.get(type(obj), ()):
+        for watch in watches.get(type(obj), ()):
             if _changed(obj, {*watch.fields, watch.owner}):
                 content |= _owners(obj, watch)
         if isinstance(obj, User) and _changed(obj, ("plan_id",)):

@@ -1,12 +1,12 @@
-"""Work around builds that no single request does: the sweeper, builds for idle
-conversations, the schedule (only a safety net: every change requests its build in its
-own transaction, ``memory.changes``) and plan fan-outs. ``jobs.periodic`` runs them."""
+"""Work around builds that no single request does: the sweeper, the schedule (only a
+safety net: every change requests its build in its own transaction, ``memory.changes``)
+and plan fan-outs. ``jobs.periodic`` runs them."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from sqlalchemy import DateTime, and_, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session
@@ -21,10 +21,9 @@ from dashboard.memory.requests import (
     request_builds_for_plan,
 )
 from dashboard.memory.runner import fail_running
-from dashboard.orbitpilot.models import Conversation
 from dashboard.plans.models import Plan
 from dashboard.plans.services import effective_plan_id
-from dashboard.sources import SOURCES
+from dashboard.sources import registered_sources
 
 log = logging.getLogger(__name__)
 
@@ -105,28 +104,7 @@ def fan_out_plan_builds(session: Session, plan_id: int, *, batch_size: int,
     return total
 
 
-# -- idle conversations and the schedule ---------------------------------------------------
-
-def request_idle_conversation_builds(session: Session, *, idle_minutes: int,
-                                     now: datetime | None = None) -> int:
-    """A quick build for every user with a conversation idle since their last request."""
-    now = now or datetime.now(UTC)
-    cutoff = now - timedelta(minutes=idle_minutes)
-    last_request = (
-        select(func.max(MemoryBuild.created_at))
-        .where(MemoryBuild.user_id == Conversation.user_id)
-        .scalar_subquery()
-    )
-    user_ids = session.scalars(
-        select(Conversation.user_id).distinct().where(
-            Conversation.status == "open",
-            Conversation.last_activity_at < cutoff,
-            or_(last_request.is_(None), Conversation.last_activity_at > last_request),
-        )
-    ).all()
-    request_builds(session, user_ids, trigger="conversation_idle")
-    return len(user_ids)
-
+# -- the schedule ---------------------------------------------------
 
 def request_scheduled_builds(session: Session, *, margin_seconds: float,
                              everyone: bool = False) -> int:
@@ -147,7 +125,8 @@ def request_scheduled_builds(session: Session, *, margin_seconds: float,
         # Never built: any content at all counts as a change.
         since = func.coalesce(last_read - timedelta(seconds=margin_seconds),
                               literal("-infinity").cast(DateTime(timezone=True)))
-        content_changed = or_(*[source.changed_since(User.id, since) for source in SOURCES])
+        content_changed = or_(*[source.changed_since(User.id, since)
+                                for source in registered_sources()])
         plan_changed = and_(last_read.is_not(None), or_(
             User.plan_changed_at > since,
             exists().where(Plan.id == effective_plan_id(), Plan.memory_changed_at > since),

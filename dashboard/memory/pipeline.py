@@ -25,9 +25,8 @@ from dashboard.memory.embedders import Embedder
 from dashboard.memory.locks import lock_user
 from dashboard.memory.models import MemoryChunk, MemoryState
 from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
-from dashboard.orbitpilot.models import Conversation
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
-from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, Record, extract, extract_chat_pairs
+from dashboard.sources import Parts, Record, extract, get_source, source_keys
 
 ChunkKey = tuple[str, str, int, str]  # (source_key, source_id, chunk_index, content_hash)
 
@@ -184,14 +183,16 @@ def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...],
         if key not in included:  # not included now, or no longer in the registry
             comparison.dropped.append(key)
             comparison.counts[key][1] += count
-    whole = [key for key in included
-             if not (key == CHAT_HISTORY and key in state.included_keys)]
+    # Re-read in parts: a source in parts that the stored chunks already reflect.
+    in_parts = {key: parts for key in included
+                if key in state.included_keys and (parts := get_source(key).parts)}
+    whole = [key for key in included if key not in in_parts]
     if whole:
         fresh = fresh_chunks(extract(session, user_id, tuple(whole)))
         comparison.add_diff(fresh, quick_diff(fresh, _stored(session, user_id, whole), model))
-    if CHAT_HISTORY in included and CHAT_HISTORY in state.included_keys:
-        _compare_changed_chat(session, user_id, state.snapshot,
-                              summary.counts.get(CHAT_HISTORY, 0), comparison)
+    for key, parts in in_parts.items():
+        _compare_changed_parts(session, user_id, key, parts, state.snapshot,
+                               summary.counts.get(key, 0), comparison)
     return comparison
 
 
@@ -217,48 +218,56 @@ def with_own_transaction(snapshot: str, own: str | None) -> str:
     return f"{min(int(xmin), mine)}:{max(int(xmax), mine + 1)}:{','.join(map(str, ids))}"
 
 
-# A conversation the last build may not have seen whole: last written by a transaction its
-# snapshot does not see. (The last writer's stamp is enough: a writer waits for the one
-# before it, so if the last is visible to the snapshot, every earlier one is.) The xmin
-# bound lets the index on (user_id, changed_xid) skip what is certainly visible. A build's
-# recorded snapshot lists its own transaction (``with_own_transaction``); a conversation
-# the current transaction wrote is read again as well, for a dry run inside it.
-_UNSEEN = text(
-    "(conversations.changed_xid >= pg_snapshot_xmin(CAST(:snapshot AS pg_snapshot))"
-    "::text::bigint AND NOT pg_visible_in_snapshot(conversations.changed_xid::text::xid8, "
-    "CAST(:snapshot AS pg_snapshot)) OR conversations.changed_xid = "
+# A part (a conversation) the last build may not have seen whole: last written by a
+# transaction its snapshot does not see. (The last writer's stamp is enough: a writer waits
+# for the one before it, so if the last is visible to the snapshot, every earlier one is.)
+# The xmin bound lets the index on (owner, stamp) skip what is certainly visible. A build's
+# recorded snapshot lists its own transaction (``with_own_transaction``); a part the
+# current transaction wrote is read again as well, for a dry run inside it.
+_UNSEEN = (
+    "({stamp} >= pg_snapshot_xmin(CAST(:snapshot AS pg_snapshot))"
+    "::text::bigint AND NOT pg_visible_in_snapshot({stamp}::text::xid8, "
+    "CAST(:snapshot AS pg_snapshot)) OR {stamp} = "
     "pg_current_xact_id_if_assigned()::text::bigint)")
 
 
-def _compare_changed_chat(session: Session, user_id: int, snapshot: str, stored_total: int,
-                          comparison: Comparison) -> None:
-    """Chat history re-read for the conversations written by a transaction the last build
-    could not see; the chunks of a conversation that no longer exists are removals; every
-    other stored chunk is kept, as nothing it was made from has changed. Two statements
-    whatever changed: the changed pairs, and the stored chunks of changed or deleted
-    conversations (one pass over the user's chat chunks)."""
+def _unseen(parts: Parts, snapshot: str) -> Any:
+    column = getattr(parts.model, parts.stamp).expression
+    return text(_UNSEEN.format(stamp=f"{column.table.name}.{column.name}")).bindparams(
+        snapshot=snapshot)
+
+
+def _compare_changed_parts(session: Session, user_id: int, source_key: str, parts: Parts,
+                           snapshot: str, stored_total: int, comparison: Comparison) -> None:
+    """A source re-read for the parts (chat history: conversations) written by a
+    transaction the last build could not see; the chunks of a part that no longer exists
+    are removals; every other stored chunk is kept, as nothing it was made from has
+    changed. Two statements whatever changed: the changed parts' records, and the stored
+    chunks of changed or deleted parts (one pass over the source's chunks)."""
+    part_id = parts.model.id  # type: ignore[attr-defined]
+    owner = getattr(parts.model, parts.owner)
     # Read once, as a list: each statement of a build sees the database as of its own
-    # start, so a query of changed conversations run twice can answer differently — a
-    # conversation written between the two would have its stored chunks compared with
-    # no fresh pairs, and all removed. One written after this read is left alone: its
-    # writer is not visible in this build's snapshot, so the next build re-reads it.
-    changed = list(session.scalars(select(Conversation.id).where(
-        Conversation.user_id == user_id, _UNSEEN.bindparams(snapshot=snapshot))))
-    conversation_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
+    # start, so a query of changed parts run twice can answer differently — a part
+    # written between the two would have its stored chunks compared with no fresh
+    # records, and all removed. One written after this read is left alone: its writer is
+    # not visible in this build's snapshot, so the next build re-reads it.
+    changed = list(session.scalars(select(part_id).where(owner == user_id,
+                                                         _unseen(parts, snapshot))))
+    part_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
     # Uncorrelated: one hashed subplan, probed per chunk (a correlated EXISTS was an
     # index probe per chunk, 3x slower at 10,000 chunks).
-    owned = select(Conversation.id).where(Conversation.user_id == user_id)
-    exists_still = conversation_of.in_(owned)
-    fresh = fresh_chunks(extract_chat_pairs(session, user_id, changed)) if changed else {}
+    owned = select(part_id).where(owner == user_id)
+    exists_still = part_of.in_(owned)
+    fresh = fresh_chunks(parts.extract(session, user_id, changed)) if changed else {}
     stored: dict[ChunkKey, int] = {}
     gone: set[str] = set()
-    counts = comparison.counts[CHAT_HISTORY]
+    counts = comparison.counts[source_key]
     for row in session.execute(
         select(MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
                MemoryChunk.chunk_index, MemoryChunk.content_hash,
                exists_still.label("exists_still"))
-        .where(MemoryChunk.user_id == user_id, MemoryChunk.source_key == CHAT_HISTORY,
-               or_(conversation_of.in_(changed), conversation_of.not_in(owned)))
+        .where(MemoryChunk.user_id == user_id, MemoryChunk.source_key == source_key,
+               or_(part_of.in_(changed), part_of.not_in(owned)))
     ):
         if row.exists_still:
             stored[_key(row)] = row.id
@@ -266,7 +275,7 @@ def _compare_changed_chat(session: Session, user_id: int, snapshot: str, stored_
             comparison.stale_ids.append(row.id)
             gone.add(row.source_id.partition(":")[0])
             counts[1] += 1
-    if gone:  # deleted after its pairs were read: nothing of it goes back in
+    if gone:  # deleted after its records were read: nothing of it goes back in
         fresh = {key: piece for key, piece in fresh.items()
                  if key[1].partition(":")[0] not in gone}
     for key, id_ in stored.items():
@@ -469,7 +478,7 @@ def _as_preview(comparison: Comparison, keys: list[str] | None = None,
                 ) -> dict[str, SourcePreview]:
     """Every registry source (and any other source with chunks), in registry order."""
     counts = comparison.counts
-    keys = keys or [*SOURCE_KEYS, *sorted(set(counts) - set(SOURCE_KEYS))]
+    keys = keys or [*source_keys(), *sorted(set(counts) - set(source_keys()))]
     return {key: SourcePreview(key, *counts.get(key, (0, 0, 0))) for key in keys}
 
 

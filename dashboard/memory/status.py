@@ -9,15 +9,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import func, literal, select, union_all
+from sqlalchemy import literal, select, union_all
 from sqlalchemy.orm import Session
 
 from dashboard.memory.models import MemoryBuild
 from dashboard.memory.pipeline import preview_memory_build
-from dashboard.orbitpilot.models import Message
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import Resolution, SourceState
-from dashboard.sources import SOURCE_KEYS
+from dashboard.sources import CHAT_HISTORY, get_source, source_keys
 
 
 @dataclass(frozen=True)
@@ -155,10 +154,8 @@ def memory_status(session: Session, user: Any, *, resolution: Resolution,
     if resolution.plan is None:
         raise ValueError("a guest has no Memory Status page")
     builds = _builds(session, user.id)
-    not_remembered = session.scalar(
-        select(func.count()).select_from(Message)
-        .where(Message.user_id == user.id, Message.not_remembered.is_(True))
-    ) or 0
+    count_marked = get_source(CHAT_HISTORY).not_remembered
+    not_remembered = count_marked(session, user.id) if count_marked else 0
     preview = preview_memory_build(user, session=session, embedder_name=embedder_name,
                                    resolution=resolution)
     # What is stored now is what the next build removes or keeps.
@@ -184,7 +181,7 @@ def memory_status(session: Session, user: Any, *, resolution: Resolution,
         plan_name=resolution.plan.name,
         cap=resolution.plan.included_sources,
         sources=tuple(sources),
-        other_chunks=sum(n for key, n in chunk_counts.items() if key not in SOURCE_KEYS),
+        other_chunks=sum(n for key, n in chunk_counts.items() if key not in source_keys()),
         last_build=last_build,
         last_success=last_success,
         queued=builds.get("queued"),

@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from dashboard.audit.services import Actor, changes, record_event
@@ -24,8 +25,10 @@ from dashboard.ids import find_owned
 from dashboard.memory import (
     BuildRequest,
     Embedder,
+    MemoryBuild,
     NothingToSearch,
     request_build,
+    request_builds,
     search_memory,
 )
 from dashboard.orbitpilot.models import Conversation, Message
@@ -39,7 +42,7 @@ from dashboard.orbitpilot.responder import (
 from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_sentence
 from dashboard.plans.services import Resolution, UserPlans, get_user_plan, resolve_sources
 from dashboard.refusals import Conflict, Failed, NotFound, Refusal
-from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, get_source
+from dashboard.sources import CHAT_HISTORY, get_source, source_keys
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +267,7 @@ def memory_hits(session: Session, user_id: int, query: str, *, embedder: Embedde
     except NothingToSearch:
         return ()
     return tuple(
-        MemoryHit(h.source_key, get_source(h.source_key).label if h.source_key in SOURCE_KEYS
+        MemoryHit(h.source_key, get_source(h.source_key).label if h.source_key in source_keys()
                   else h.source_key, h.source_id, h.content, float(h.distance))
         for h in hits
     )
@@ -364,6 +367,28 @@ def end_user_conversation(session: Session, *, user_id: int,
     if conversation.status != "open":
         return None
     return end_conversation(session, conversation)
+
+
+def request_idle_conversation_builds(session: Session, *, idle_minutes: int,
+                                     now: datetime | None = None) -> int:
+    """A quick build for every user with a conversation idle since their last request: an
+    idle conversation counts as ended for memory (``jobs.periodic`` runs this)."""
+    now = now or datetime.now(UTC)
+    cutoff = now - timedelta(minutes=idle_minutes)
+    last_request = (
+        select(func.max(MemoryBuild.created_at))
+        .where(MemoryBuild.user_id == Conversation.user_id)
+        .scalar_subquery()
+    )
+    user_ids = session.scalars(
+        select(Conversation.user_id).distinct().where(
+            Conversation.status == "open",
+            Conversation.last_activity_at < cutoff,
+            or_(last_request.is_(None), Conversation.last_activity_at > last_request),
+        )
+    ).all()
+    request_builds(session, user_ids, trigger="conversation_idle")
+    return len(user_ids)
 
 
 # -- guests: the session cookie, never the database --------------------------------------

@@ -24,7 +24,7 @@ from dashboard.plans.impact import (
 )
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.refusals import Refusal
-from dashboard.sources import SOURCE_KEYS, SOURCES
+from dashboard.sources import registered_sources, source_keys
 
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 MAX_PRICE_CENTS = 100_000_000
@@ -81,8 +81,9 @@ def _clean(session: Session, fields: PlanFields, plan_id: int | None) -> PlanFie
 
 
 def check_cap(cap: object) -> int:
-    if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= len(SOURCES):
-        raise PlanError(f"Choose a whole number from 0 to {len(SOURCES)} (the number of "
+    most = len(registered_sources())
+    if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= most:
+        raise PlanError(f"Choose a whole number from 0 to {most} (the number of "
                         "sources there are).", "included_sources")
     return cap
 
@@ -179,7 +180,7 @@ def set_cap(session: Session, plan: Plan, cap: object, *, actor: Actor,
 
 
 def check_assignment(source_key: object, value: object) -> tuple[str, str]:
-    if source_key not in SOURCE_KEYS:
+    if source_key not in source_keys():
         raise PlanError("There is no such source.", "source_key")
     if value not in ASSIGNMENT_VALUES:
         raise PlanError("Choose on, off or default.", "value")

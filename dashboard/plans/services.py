@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, joinedload
 from dashboard.auth.models import User
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
 from dashboard.refusals import NotFound
-from dashboard.sources import SOURCES
+from dashboard.sources import registered_sources
 
 FALLBACK_PLAN_NAME = "Free"
 
@@ -127,7 +127,7 @@ def resolve_sources(plan: UserPlan | None) -> Resolution:
     """The rule, for a plan (``None`` = a guest), with no I/O."""
     resolved: list[SourceResolution] = []
     if plan is None:
-        for rank, source in enumerate(SOURCES, start=1):
+        for rank, source in enumerate(registered_sources(), start=1):
             resolved.append(
                 SourceResolution(source.key, source.label, rank, SourceState.GUEST, None, False)
             )
@@ -135,7 +135,7 @@ def resolve_sources(plan: UserPlan | None) -> Resolution:
 
     cap = plan.included_sources
     included: list[str] = []
-    for rank, source in enumerate(SOURCES, start=1):
+    for rank, source in enumerate(registered_sources(), start=1):
         if source.key in plan.assignments:
             assigned, decided_by = plan.assignments[source.key], "plan_row"
         else:

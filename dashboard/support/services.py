@@ -21,7 +21,7 @@ from dashboard.plans.services import (
     get_plan_for_user,
     resolve_sources,
 )
-from dashboard.sources import SOURCES, get_source
+from dashboard.sources import get_source, registered_sources
 
 MAX_EMAIL_LENGTH = 254
 HISTORY_LIMIT = 20
@@ -139,7 +139,7 @@ def _refs(keys: tuple[str, ...]) -> tuple[SourceRef, ...]:
     refs = []
     for key in keys:
         source = get_source(key)
-        refs.append(SourceRef(key, source.label, SOURCES.index(source) + 1))
+        refs.append(SourceRef(key, source.label, registered_sources().index(source) + 1))
     return tuple(refs)
 
 
@@ -210,7 +210,7 @@ def user_trace(session: Session, user_id: int) -> UserTrace | None:
             chunks=chunk_counts.get(source_now.key, 0),
         ))
 
-    known = {s.key for s in SOURCES}
+    known = {s.key for s in registered_sources()}
     last_build = None
     if last_succeeded is not None:
         snapshot = last_succeeded.resolution if isinstance(last_succeeded.resolution,

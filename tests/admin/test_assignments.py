@@ -16,7 +16,7 @@ from dashboard.plans.editing import PlanError, assignment_value, set_assignment,
 from dashboard.plans.impact import plan_fingerprint, preview_plan_change
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.services import SourceState, resolve_build_sources
-from dashboard.sources import CHAT_HISTORY, SAVED, SOURCE_KEYS
+from dashboard.sources import CHAT_HISTORY, SAVED, source_keys
 from tests.conftest import csrf_from
 from tests.factories import default_plan, make_plan, make_user, plans_of
 
@@ -167,7 +167,7 @@ def test_the_preview_equals_a_recount_over_1000_users(db_session):
                      for u in users}
             savepoint.rollback()
         db_session.expire_all()
-        for key in SOURCE_KEYS:
+        for key in source_keys():
             gain = sum(key in after[u] and key not in before[u] for u in before)
             lose = sum(key in before[u] and key not in after[u] for u in before)
             previewed_gain = impact.users if key in [s.key for s in impact.gained] else 0

@@ -10,11 +10,19 @@ from sqlalchemy import func, select
 
 from dashboard.extensions import db
 from dashboard.memories.models import Memory
-from dashboard.memory import execute_build, pipeline, request_build, settings_from
+from dashboard.memory import execute_build, request_build, settings_from
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
-from tests.factories import CountingEmbedder, build, make_conversation, make_plan, make_user
+from dashboard.sources import CHAT_HISTORY
+from tests.factories import (
+    CountingEmbedder,
+    build,
+    make_conversation,
+    make_plan,
+    make_user,
+    replace_parts_extract,
+)
 
 THRESHOLD = 30
 
@@ -178,14 +186,12 @@ def test_a_quick_update_reads_only_the_conversations_changed_since_the_last_buil
     session.commit()
     (conversation, messages), *_ = conversations
     read = []
-    extract = pipeline.extract_chat_pairs
-
     def spy(session, user_id, conversation_ids=None):
         records = extract(session, user_id, conversation_ids)
         read.extend(records)
         return records
 
-    monkeypatch.setattr(pipeline, "extract_chat_pairs", spy)
+    extract = replace_parts_extract(monkeypatch, CHAT_HISTORY, spy)
     messages[2].content = "an edited question"
     session.commit()
     embedder.reset()

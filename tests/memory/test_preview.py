@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
 from dashboard.extensions import db
-from dashboard.memory import pipeline
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryState
 from dashboard.memory.pipeline import (
@@ -26,8 +25,8 @@ from dashboard.memory.pipeline import (
     run_memory_build,
 )
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
-from dashboard.sources import BLINKS, CHAT_HISTORY, SOURCE_KEYS
-from tests.factories import build, make_conversation, user_turns
+from dashboard.sources import BLINKS, CHAT_HISTORY, source_keys
+from tests.factories import build, make_conversation, replace_parts_extract, user_turns
 
 EMBEDDER = HashingEmbedder()
 
@@ -63,7 +62,7 @@ def check(session, user):
     included = resolve_for_build(session, user).included_keys
     assert dry == as_counts(_preview_everything(session, user.id, included, EMBEDDER.name))
     result = build(session, user, embedder=EMBEDDER, commit=True)
-    for key in SOURCE_KEYS:
+    for key in source_keys():
         done = result.per_source.get(key, {})
         assert (dry[key][0], dry[key][1]) == (done.get("added", 0), done.get("removed", 0)), key
     return dry
@@ -115,8 +114,7 @@ def test_only_conversations_the_build_could_not_see_are_read_again(world, monkey
         read.extend(records)
         return records
 
-    extract = pipeline.extract_chat_pairs
-    monkeypatch.setattr(pipeline, "extract_chat_pairs", spy)
+    extract = replace_parts_extract(monkeypatch, CHAT_HISTORY, spy)
     assert dry_run(session, user)[CHAT_HISTORY] == (0, 1, 11)
     # Only the flagged conversation's three remaining pairs, not the other eight.
     assert {r.source_id.split(":")[0] for r in read} == {str(flagged_conversation.id)}

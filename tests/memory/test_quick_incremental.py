@@ -9,7 +9,6 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from dashboard.extensions import db
-from dashboard.memory import pipeline
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryChunk, MemoryState
 from dashboard.memory.pipeline import (
@@ -20,7 +19,7 @@ from dashboard.memory.pipeline import (
 )
 from dashboard.orbitpilot.models import Message, ProfileFact
 from dashboard.sources import CHAT_HISTORY, extract
-from tests.factories import make_conversation, make_plan, make_user
+from tests.factories import make_conversation, make_plan, make_user, replace_parts_extract
 
 EMBEDDER = HashingEmbedder()
 
@@ -50,8 +49,6 @@ def test_a_turn_committed_mid_build_costs_no_unchanged_pair(app, committed, monk
     run_memory_build(user, "quick", session=session, embedder=EMBEDDER)
     session.commit()
     busy, _ = conversations[1]
-    original = pipeline.extract_chat_pairs
-
     def chatting_meanwhile(s, user_id, conversation_ids=None):
         records = original(s, user_id, conversation_ids)
         writer = Session(db.engine)  # the user types in another conversation meanwhile
@@ -61,7 +58,7 @@ def test_a_turn_committed_mid_build_costs_no_unchanged_pair(app, committed, monk
         writer.close()
         return records
 
-    monkeypatch.setattr(pipeline, "extract_chat_pairs", chatting_meanwhile)
+    original = replace_parts_extract(monkeypatch, CHAT_HISTORY, chatting_meanwhile)
     result = run_memory_build(user, "quick", session=session, embedder=EMBEDDER)
     session.commit()
     monkeypatch.undo()

@@ -10,7 +10,6 @@ from sqlalchemy import func, select, update
 from dashboard.auth.models import User
 from dashboard.extensions import db
 from dashboard.memory.maintenance import (
-    request_idle_conversation_builds,
     request_scheduled_builds,
     sweep_builds,
 )
@@ -25,7 +24,7 @@ from dashboard.memory.requests import (
     request_user_update,
 )
 from dashboard.orbitpilot.models import Conversation
-from dashboard.orbitpilot.services import end_conversation
+from dashboard.orbitpilot.services import end_conversation, request_idle_conversation_builds
 from dashboard.plans.models import Plan
 from dashboard.queues import build_queue, redis_client
 from tests.factories import (

@@ -19,7 +19,7 @@ from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.sentences import in_sentence, state_sentence
 from dashboard.plans.services import SourceState, resolve_build_sources, resolve_sources
 from dashboard.queues import build_queue
-from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED, SOURCE_KEYS
+from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED, source_keys
 from tests.conftest import csrf_from
 from tests.factories import builds_of, make_conversation, make_plan, make_user, plans_of, user_turns
 
@@ -144,7 +144,7 @@ def test_every_source_shows_its_state_and_the_one_sentence(client, db_session, a
     resolution = resolve_build_sources(user, plans_of(db_session))
     html = status_page(client)
     rows = re.findall(r'<tr data-source="([^"]+)" data-state', section(html, "sources"))
-    assert rows == list(SOURCE_KEYS)  # every source, in rank order
+    assert rows == list(source_keys())  # every source, in rank order
     for source in resolution.sources:
         found = row(html, "sources", source.key)
         assert attr(found, "data-state") == source.state.value
@@ -225,7 +225,7 @@ def test_chunks_per_source_and_the_last_build(client, db_session, auth):
     assert (build.added, build.removed, build.kept, build.embedded) == (6, 0, 0, 6)
 
     html = status_page(client)
-    chunks = {key: attr(row(html, "sources", key), "data-chunks") for key in SOURCE_KEYS}
+    chunks = {key: attr(row(html, "sources", key), "data-chunks") for key in source_keys()}
     assert chunks == {PROFILE: "1", BLINKS: "2", SAVED: "0", CHAT_HISTORY: "3",
                       DOCUMENTS: "0"}
     last = section(html, "last-build")

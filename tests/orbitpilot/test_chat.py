@@ -3,7 +3,6 @@ memory notice and its query budget, the honesty note, Catch, escaping and the CS
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import re
@@ -28,7 +27,6 @@ from dashboard.orbitpilot.responder import (
     ResponderContext,
     load_responder,
 )
-from dashboard.plans import services as plan_services
 from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_sentence
 from dashboard.plans.services import (
     SourceState,
@@ -46,6 +44,7 @@ from tests.factories import (
     make_user,
     plans_of,
     user_turns,
+    with_source,
 )
 from tests.orbitpilot.conftest import CATCH, CHAT_PAGE, SEND, send, toggle, token
 from tests.orbitpilot.dom import parse
@@ -419,9 +418,7 @@ def chat_state_case(db_session, monkeypatch, state: SourceState):
         return make_user(db_session, plan=make_plan(db_session, cap=4,
                                                     assignments={CHAT_HISTORY: False}))
     # No built-in plan hides chat history by default: a registry where it is not visible.
-    hidden = tuple(dataclasses.replace(s, default_visible=False) if s.key == CHAT_HISTORY
-                   else s for s in plan_services.SOURCES)
-    monkeypatch.setattr(plan_services, "SOURCES", hidden)
+    with_source(monkeypatch, CHAT_HISTORY, default_visible=False)
     return make_user(db_session, plan=make_plan(db_session, cap=4))
 
 

@@ -10,23 +10,23 @@ from dashboard.plans.services import (
     resolve_build_sources,
     resolve_sources,
 )
-from dashboard.sources import CHAT_HISTORY, SOURCE_KEYS, SOURCES
+from dashboard.sources import BLINKS, PROFILE, SAVED, registered_sources, source_keys
+from dashboard.sources import CHAT_HISTORY as CHAT
+from dashboard.sources import DOCUMENTS as DOCS
 from tests.factories import default_plan, make_plan, make_user, plans_of
-
-PROFILE, BLINKS, SAVED, CHAT, DOCS = SOURCE_KEYS
 
 
 def states(resolution):
     return {s.key: s.state for s in resolution.sources}
 
 
-def test_registry_order_is_the_rank():
-    assert [s.key for s in SOURCES] == [
+def test_registry_order_is_the_rank(app):  # the app installs the sources
+    assert [s.key for s in registered_sources()] == [
         "orbitpilot.profile", "blink.blinks", "xmemo.saved", "orbitpilot.chat_history",
         "docs.documents",
     ]
-    assert [s.default_visible for s in SOURCES] == [True, True, True, True, False]
-    assert CHAT_HISTORY == CHAT
+    assert [s.default_visible for s in registered_sources()] == [True, True, True, True, False]
+    assert source_keys() == (PROFILE, BLINKS, SAVED, CHAT, DOCS)
 
 
 def test_untouched_plan_evicts_chat_history_su101_q1(db_session):
@@ -86,7 +86,7 @@ def test_cap_zero_evicts_every_assigned_source(db_session):
 def test_cap_above_registry_size_includes_every_assigned_source(db_session):
     plan = make_plan(db_session, cap=99, assignments={DOCS: True})
     resolution = resolve_build_sources(make_user(db_session, plan=plan), plans_of(db_session))
-    assert resolution.included_keys == SOURCE_KEYS
+    assert resolution.included_keys == source_keys()
     assert all(s.cap == 99 for s in resolution.sources)
 
 

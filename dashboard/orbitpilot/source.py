@@ -1,0 +1,108 @@
+"""OrbitPilot's two sources: the profile (one record of the user's facts) and chat
+history (each answered pair, in parts by conversation, and the turns the user marked
+"do not remember" left out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
+from dashboard.sources import CHAT_HISTORY, PROFILE, Parts, Record, Source, Watch
+
+
+def extract_profile(session: Session, user_id: int) -> list[Record]:
+    facts = session.execute(
+        select(ProfileFact.key, ProfileFact.value)
+        .where(ProfileFact.user_id == user_id)
+        .order_by(ProfileFact.key)
+    ).all()
+    if not facts:
+        return []
+    text = "\n".join(f"{key}: {value}" for key, value in facts)
+    return [Record(PROFILE, "profile", text)]
+
+
+def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
+    """Each answered (user message, reply) pair, ``source_id = "<conversation>:<pair>"``."""
+    return extract_chat_pairs(session, user_id)
+
+
+def extract_chat_pairs(session: Session, user_id: int,
+                       conversation_ids: Any = None) -> list[Record]:
+    """The chat-history records of the user's conversations, or of some of them (ids, or a
+    query of ids: the dry run re-reads only conversations changed since the last build).
+
+    ``pair_index`` counts every user turn in order; a flagged or unanswered turn emits
+    nothing but keeps its index, so every other pair keeps its ``source_id`` across builds.
+    The reply is the assistant turn whose ``reply_to_id`` names the user turn (the earliest,
+    if regenerated); one without a link answers the user turn right before it."""
+    query = (
+        select(Message.id, Message.conversation_id, Message.role, Message.content,
+               Message.not_remembered, Message.reply_to_id)
+        .where(Message.user_id == user_id)
+        .order_by(Message.conversation_id, Message.position)
+    )
+    if conversation_ids is not None:
+        query = query.where(Message.conversation_id.in_(conversation_ids))
+    rows = session.execute(query).all()
+
+    records: list[Record] = []
+    conversation_id: int | None = None
+    turns: list[tuple[int, str, bool]] = []  # (message id, content, not_remembered)
+    replies: dict[int, str] = {}
+
+    def flush() -> None:
+        for pair_index, (message_id, question, flagged) in enumerate(turns):
+            answer = replies.get(message_id)
+            if flagged or answer is None:
+                continue
+            records.append(Record(
+                CHAT_HISTORY,
+                f"{conversation_id}:{pair_index}",
+                f"User: {question}\nOrbitPilot: {answer}",
+            ))
+
+    previous_user_turn: int | None = None
+    for id_, conv_id, role, content, flagged, reply_to in rows:
+        if conv_id != conversation_id:
+            if conversation_id is not None:
+                flush()
+            conversation_id, turns, replies, previous_user_turn = conv_id, [], {}, None
+        if role == "user":
+            turns.append((id_, content, bool(flagged)))
+            previous_user_turn = id_
+        else:
+            target = reply_to if reply_to is not None else previous_user_turn
+            if target is not None and target not in replies:
+                replies[target] = content
+            previous_user_turn = None
+    if conversation_id is not None:
+        flush()
+    return records
+
+
+def count_not_remembered(session: Session, user_id: int) -> int:
+    return session.scalar(
+        select(func.count()).select_from(Message)
+        .where(Message.user_id == user_id, Message.not_remembered.is_(True))
+    ) or 0
+
+
+PROFILE_SOURCE = Source(
+    PROFILE, "Your profile", True, "the user's profile facts (one record)", extract_profile,
+    (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),))
+
+CHAT_HISTORY_SOURCE = Source(
+    CHAT_HISTORY, "Chat history", True,
+    "each answered (user message, assistant reply) pair not marked not-remembered",
+    _extract_chat_history,
+    # A new turn alone requests nothing: the conversation's end (or idleness) does.
+    # Edits, flags and deletions request a build at once.
+    (Watch(Message, "user_id", frozenset({"content", "not_remembered", "reply_to_id"}),
+           on_insert=False),
+     Watch(Conversation, "user_id", on_insert=False, stamp=None)),
+    parts=Parts(Conversation, "user_id", "changed_xid", extract_chat_pairs),
+    not_remembered=count_not_remembered)
