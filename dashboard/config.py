@@ -61,9 +61,15 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         # into instance/audit_anchor_key. Every process that anchors or verifies needs it.
         "AUDIT_ANCHOR_KEY": _env("AUDIT_ANCHOR_KEY", None)
         or _instance_secret_key(instance_path, "audit_anchor_key"),
-        # The file signed audit anchors are appended to, outside the database.
+        # Where signed audit anchors go, outside the database: a file, or
+        # s3://bucket/prefix (a bucket with object lock; the s3 extra).
         "AUDIT_ANCHOR_PATH": _env("AUDIT_ANCHOR_PATH",
                                   str(instance_path / "audit" / "anchors.jsonl")),
+        # For an s3:// store: another S3-compatible service's URL (unset: AWS), how long
+        # each anchor object is locked, and the lock's mode.
+        "AUDIT_ANCHOR_S3_ENDPOINT": _env("AUDIT_ANCHOR_S3_ENDPOINT", None),
+        "AUDIT_ANCHOR_RETAIN_DAYS": _env("AUDIT_ANCHOR_RETAIN_DAYS", 2557, int),
+        "AUDIT_ANCHOR_LOCK_MODE": _env("AUDIT_ANCHOR_LOCK_MODE", "COMPLIANCE"),
         # Secure cookies when served over HTTPS.
         "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
         # Minimum password length at sign-up.

@@ -1,23 +1,21 @@
 """Audit anchors: chain heads signed with a key the database does not hold, kept in a
-store outside it (a file; a write-once bucket could follow behind ``AnchorStore``).
-Signing, the stores and reading them back; ``services`` writes and checks them.
-docs/architecture/audit.md says what they prove and what they cannot."""
+store outside it (``anchor_stores``: a file, or a bucket with object lock). Signing and
+reading them back; ``services`` writes and checks them. docs/architecture/audit.md says
+what they prove and what they cannot."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import json
-import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dashboard.audit.anchor_stores import AnchorStore, open_store
 
 _FIELDS = frozenset({"seq", "hash", "signed_at", "sig"})
 _HEX = frozenset("0123456789abcdef")
-# Enough of a file's end to hold its last anchor (a line is about 200 bytes).
-_TAIL_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -70,67 +68,6 @@ def decode(key: bytes, record: str) -> Anchor:
     return anchor
 
 
-class AnchorStore(Protocol):
-    """Where anchors go: appended, never rewritten, read back oldest first. An
-    S3-compatible bucket with object lock (one object per anchor) would fit here."""
-
-    where: str
-
-    def append(self, record: str) -> None: ...
-
-    def records(self) -> Iterator[str]: ...
-
-    def last(self) -> str | None: ...
-
-
-@dataclass(frozen=True)
-class FileAnchorStore:
-    """A JSON-lines file, one anchor a line; each is one ``O_APPEND`` write, synced."""
-
-    path: Path
-    where: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "where", str(self.path))
-
-    def append(self, record: str) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            data = (record + "\n").encode("utf-8")
-            size = os.fstat(fd).st_size
-            if size and os.pread(fd, 1, size - 1) != b"\n":
-                data = b"\n" + data  # after a torn last line, not onto it
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-    def records(self) -> Iterator[str]:
-        if not self.path.exists():
-            return
-        with self.path.open(encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                yield line.rstrip("\n")
-
-    def last(self) -> str | None:
-        if not self.path.exists():
-            return None
-        with self.path.open("rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - _TAIL_BYTES))
-            lines = fh.read().decode("utf-8", errors="replace").splitlines()
-        return lines[-1] if lines else None
-
-
-def open_store(location: str) -> AnchorStore:
-    """The store ``AUDIT_ANCHOR_PATH`` names: a file path (no other kind yet)."""
-    if "://" in location:
-        raise ValueError(f"no anchor store for {location.split('://', 1)[0]}:// yet; "
-                         "AUDIT_ANCHOR_PATH takes a file path")
-    return FileAnchorStore(Path(location))
-
-
 @dataclass(frozen=True)
 class Anchoring:
     """The key anchors are signed with and the store they go to."""
@@ -141,7 +78,7 @@ class Anchoring:
     @classmethod
     def from_settings(cls, config: Mapping[str, Any]) -> Anchoring:
         return cls(key=str(config["AUDIT_ANCHOR_KEY"]).encode("utf-8"),
-                   store=open_store(str(config["AUDIT_ANCHOR_PATH"])))
+                   store=open_store(str(config["AUDIT_ANCHOR_PATH"]), config))
 
     def newest(self) -> Anchor | None:
         """The store's last anchor, when it is one signed with the key."""
@@ -172,17 +109,17 @@ class AnchorLog:
 def read_anchors(anchoring: Anchoring) -> AnchorLog:
     """Every anchor of the store, each signature checked. A bad record does not hide
     the good ones: the chain is still checked against them."""
-    where = anchoring.store.where
+    where, unit = anchoring.store.where, anchoring.store.unit
     heads: dict[int, str] = {}
     count, problem = 0, None
     for number, record in enumerate(anchoring.store.records(), 1):
         try:
             anchor = decode(anchoring.key, record)
         except BadAnchor as exc:
-            problem = problem or f"line {number} of {where} {exc}"
+            problem = problem or f"{unit} {number} of {where} {exc}"
             continue
         if heads.get(anchor.seq, anchor.hash) != anchor.hash:
-            problem = problem or (f"line {number} of {where} names another hash for seq "
+            problem = problem or (f"{unit} {number} of {where} names another hash for seq "
                                   f"{anchor.seq} than an earlier anchor does")
         heads[anchor.seq] = anchor.hash
         count += 1
