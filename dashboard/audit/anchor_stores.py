@@ -8,6 +8,7 @@ import json
 import os
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +20,7 @@ _TAIL_BYTES = 4096
 _KEY_DIGITS = 20
 _KEY_TOP = 10**_KEY_DIGITS - 1
 LOCK_MODES = ("COMPLIANCE", "GOVERNANCE")
+_READERS = 16  # anchor objects read at once by verify
 
 
 class StoreFailed(OSError):
@@ -128,9 +130,11 @@ class S3AnchorStore:
         return body.read().decode("utf-8", errors="replace")
 
     def records(self) -> Iterator[str]:
-        # Oldest first: the keys count down, and a key's versions come newest first.
-        for version in reversed(list(self._versions())):
-            yield self._read(version)
+        # Oldest first: the keys count down, and a key's versions come newest first. One
+        # GET per anchor, so several at once (a boto3 client is safe across threads).
+        versions = list(reversed(list(self._versions())))
+        with ThreadPoolExecutor(max_workers=_READERS) as pool:
+            yield from pool.map(self._read, versions)
 
     def last(self) -> str | None:
         newest = next(self._versions(page_size=20), None)
@@ -172,7 +176,7 @@ def _s3_store(location: str, config: Mapping[str, Any]) -> S3AnchorStore:
     # default session is not safe across threads.
     client = boto3.session.Session().client(
         "s3", endpoint_url=config.get("AUDIT_ANCHOR_S3_ENDPOINT") or None,
-        config=Config(connect_timeout=5, read_timeout=15,
+        config=Config(connect_timeout=5, read_timeout=15, max_pool_connections=_READERS,
                       retries={"mode": "standard", "max_attempts": 3}))
     if prefix and not prefix.endswith("/"):
         prefix += "/"
