@@ -4,6 +4,7 @@ from dashboard.audit.models import AuditCheckpoint, AuditEvent
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
+from dashboard.leases import MaintenanceLease
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import MemoryBuild, MemoryChunk
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
@@ -11,6 +12,6 @@ from dashboard.plans.models import Plan, SourceAssignment
 
 __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "Conversation", "Document",
-    "ForgetMarker", "Memory", "MemoryBuild", "MemoryChunk", "MemoryVersion", "Message",
-    "Plan", "ProfileFact", "SourceAssignment", "User",
+    "ForgetMarker", "MaintenanceLease", "Memory", "MemoryBuild", "MemoryChunk",
+    "MemoryVersion", "Message", "Plan", "ProfileFact", "SourceAssignment", "User",
 ]
