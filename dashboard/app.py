@@ -25,6 +25,9 @@ from dashboard.auth.views import load_user, throttle_signin
 from dashboard.blinks.views import bp as blinks_bp
 from dashboard.cli import register_cli
 from dashboard.config import settings_from_env
+from dashboard.connectors.mcp_http import init_mcp
+from dashboard.connectors.views import bp as connectors_bp
+from dashboard.connectors.views import init_oauth
 from dashboard.database import normalise_database_url
 from dashboard.documents.views import bp as documents_bp
 from dashboard.embedded import OWNER_ROLE, EmbeddedBinding, ensure_started, get_services
@@ -80,6 +83,7 @@ def build_app(config: Mapping[str, Any] | None = None) -> Flask:
     init_extensions(app)
     init_queue(app)
     init_blueprints(app)
+    init_mcp(app)  # inside init_security's wrappers: /mcp gets the Host check too
     init_security(app)
     throttle_signin(app)
     init_api(app)
@@ -145,8 +149,9 @@ def _start_embedded_on_first_use(app: Flask) -> None:
 
 def init_blueprints(app: Flask) -> None:
     for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
-                      documents_bp, keys_bp, memories_bp):
+                      documents_bp, keys_bp, memories_bp, connectors_bp):
         app.register_blueprint(blueprint)
+    init_oauth(app)
 
 
 def init_admin(app: Flask) -> Admin:
