@@ -27,6 +27,7 @@ from dashboard.auth.models import User
 from dashboard.connectors import services as connections
 from dashboard.extensions import db
 from dashboard.memories import services
+from dashboard.memories.keys import authenticate_key
 from dashboard.memory import embedder_model_name, get_embedder, memory_status, settings_from
 from dashboard.plans.services import UserPlans, resolve_build_sources
 from dashboard.refusals import Refusal
@@ -55,7 +56,7 @@ class Principal:
     api_key_id: int | None = None
 
 
-def from_token() -> Principal:
+def from_token(session: Session) -> Principal:
     """The connected app the request's bearer token speaks for (checked by then)."""
     token = get_access_token()
     if token is None or not token.claims:
@@ -69,7 +70,20 @@ def _memory(memory: Any) -> dict[str, Any]:
     return services.memory_dict(memory)
 
 
-def build_server(app: Flask, principal: Callable[[], Principal] = from_token, *,
+def from_api_key(raw: str, *, source: str = "api") -> Callable[[Session], Principal]:
+    """For stdio: the API key a local agent was started with, checked on every call (a
+    revoked key stops working at once)."""
+    def principal(session: Session) -> Principal:
+        key = authenticate_key(session, raw)
+        if key is None:
+            raise ToolError("The API key this server was started with is not a live key: "
+                            "create one on /settings/keys and start it again.")
+        return Principal(key.owner_id, tuple(key.scopes), Actor("api_key", str(key.id)),
+                         source, api_key_id=key.id)
+    return principal
+
+
+def build_server(app: Flask, principal: Callable[[Session], Principal] = from_token, *,
                  auth: AuthSettings | None = None, token_verifier: Any = None) -> MCPServer:
     """The tools, each run in ``app``'s context in a transaction of its own."""
     server = MCPServer(name="OrbitPilot memory", instructions=INSTRUCTIONS, version="1",
@@ -77,10 +91,10 @@ def build_server(app: Flask, principal: Callable[[], Principal] = from_token, *,
 
     def run(tool: str, scope: str | None, work: Callable[[Session, Principal, User], Any],
             handed: Callable[[Any], Iterable[connections.Handed]] | None = None) -> Any:
-        who = principal()
         with app.app_context():
             session = db.session
             try:
+                who = principal(session)
                 if scope is not None and scope not in who.scopes:
                     raise ToolError(f"This connection may not do that: it needs the {scope} "
                                     "scope. Connect again and allow it.")

@@ -7,12 +7,17 @@ memory, a real worker builds it, search finds it, forget removes it at once."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import anyio
 import httpx2
 import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from sqlalchemy import select
 
+from dashboard.auth.models import User
 from dashboard.connectors.models import ConnectorAccess, OAuthClient, OAuthGrant
 from dashboard.extensions import db
 from tests.connectors.helpers import (
@@ -24,7 +29,8 @@ from tests.connectors.helpers import (
     mcp_session,
 )
 from tests.connectors.metadata_server import serving_client_document
-from tests.workers import run_worker
+from tests.factories import make_key
+from tests.workers import ROOT, run_worker
 
 pytestmark = pytest.mark.processes  # a served app, a real worker
 
@@ -137,3 +143,47 @@ def test_a_client_id_metadata_document_then_save_build_search_forget(app, tmp_pa
             db.session.remove()
         check_run(run, live, "chatgpt", "ChatGPT (test)")
         assert json.loads(json.dumps(run["status"]))["plan"]
+
+
+def test_stdio_with_an_api_key_saves_builds_finds_and_forgets(app, tmp_path):
+    """The same tools through ``flask mcp stdio``, as a local agent starts it."""
+    with live_app() as live:
+        with live.app.app_context():
+            user = db.session.get(User, live.user_id)
+            _, raw = make_key(db.session, user, scopes=("memory:read", "memory:write",
+                                                        "memory:delete"))
+            db.session.commit()
+            db.session.remove()
+        config = live.app.config
+        parameters = StdioServerParameters(
+            command=sys.executable, args=["-m", "flask", "mcp", "stdio", "--source", "codex"],
+            cwd=str(ROOT), env={
+                **os.environ, "FLASK_APP": "wsgi.py", "ORBITPILOT_API_KEY": raw,
+                "DATABASE_URL": config["SQLALCHEMY_DATABASE_URI"],
+                "REDIS_URL": config["REDIS_URL"], "BUILD_QUEUE": config["BUILD_QUEUE"],
+                "EMBEDDER": config["EMBEDDER"]})
+        errors = tmp_path / "stderr.txt"
+
+        async def scenario() -> dict:
+            with errors.open("w") as errlog:
+                async with stdio_client(parameters, errlog=errlog) as (read, write), \
+                        ClientSession(read, write) as session:
+                    await session.initialize()
+                    names = {tool.name for tool in (await session.list_tools()).tools}
+                    saved = result(await session.call_tool("save_memory", {"content": FACT}))
+                    await anyio.to_thread.run_sync(run_worker, live.app)
+                    found = result(await session.call_tool("search_memory",
+                                                           {"query": "aisle seats"}))
+                    memory_id = saved["memory"]["id"]
+                    await session.call_tool("forget_memory", {"memory_id": memory_id})
+                    after = result(await session.call_tool("search_memory",
+                                                           {"query": "aisle seats"}))
+                    return {"names": names, "saved": saved, "found": found, "after": after}
+
+        run = anyio.run(scenario)
+        assert run["names"] == set(ANNOTATIONS)
+        memory = run["saved"]["memory"]
+        assert (memory["source"], memory["client_name"]) == ("codex", None)
+        assert memory["id"] in [hit["memory_id"] for hit in run["found"]["results"]]
+        assert memory["id"] not in [hit["memory_id"] for hit in run["after"]["results"]]
+        assert raw not in errors.read_text()  # the key is never printed
