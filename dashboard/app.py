@@ -16,7 +16,14 @@ from sqlalchemy import event
 import dashboard.catalog  # noqa: F401  (installs the sources, in rank order)
 import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
 from dashboard.admin.assignments import AssignmentView
-from dashboard.admin.views import ApiKeyView, BuildView, ForgetMarkerView, PlanView, UserView
+from dashboard.admin.views import (
+    ApiKeyView,
+    BuildView,
+    ConnectionView,
+    ForgetMarkerView,
+    PlanView,
+    UserView,
+)
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.views import AuditEventView
 from dashboard.auth.models import User
@@ -26,6 +33,7 @@ from dashboard.blinks.views import bp as blinks_bp
 from dashboard.cli import register_cli
 from dashboard.config import settings_from_env
 from dashboard.connectors.mcp_http import init_mcp
+from dashboard.connectors.models import OAuthGrant
 from dashboard.connectors.views import bp as connectors_bp
 from dashboard.connectors.views import init_oauth
 from dashboard.database import normalise_database_url
@@ -169,6 +177,8 @@ def init_admin(app: Flask) -> Admin:
     admin.add_view(AssignmentView(name="Assignments", endpoint="assignments",
                                   url="/admin/assignments"))
     admin.add_view(ApiKeyView(ApiKey, db, name="API keys", endpoint="api_keys"))
+    admin.add_view(ConnectionView(OAuthGrant, db, name="Connected apps",
+                                  endpoint="connections"))
     admin.add_view(BuildView(MemoryBuild, db, name="Builds", endpoint="builds"))
     admin.add_view(AuditEventView(AuditEvent, db, name="Audit log", endpoint="audit"))
     admin.add_view(ForgetMarkerView(ForgetMarker, db, name="Erasure markers",
