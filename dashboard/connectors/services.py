@@ -294,7 +294,7 @@ def issue_code(session: Session, grant: OAuthGrant, raw: str, *, redirect_uri: s
 def take_code(session: Session, raw: object, client: OAuthClient, *,
               now: datetime | None = None) -> OAuthCode | None:
     """The live code ``raw`` spells, for this client, now used up. A code used a second
-    time revokes the connection it was issued for (RFC 6749 §4.1.2: whoever replays it
+    time revokes the connection it was issued for (RFC 6749, section 4.1.2: whoever replays it
     may hold the tokens of the first use)."""
     if not isinstance(raw, str) or not raw.startswith(CODE_PREFIX):
         return None
