@@ -35,7 +35,7 @@ from dashboard.config import settings_from_env
 from dashboard.connectors.mcp_http import init_mcp
 from dashboard.connectors.models import OAuthGrant
 from dashboard.connectors.views import bp as connectors_bp
-from dashboard.connectors.views import init_oauth
+from dashboard.connectors.views import init_oauth, limit_oauth
 from dashboard.database import normalise_database_url
 from dashboard.documents.views import bp as documents_bp
 from dashboard.embedded import OWNER_ROLE, EmbeddedBinding, ensure_started, get_services
@@ -94,6 +94,7 @@ def build_app(config: Mapping[str, Any] | None = None) -> Flask:
     init_mcp(app)  # inside init_security's wrappers: /mcp gets the Host check too
     init_security(app)
     throttle_signin(app)
+    limit_oauth(app)
     init_api(app)
     init_admin(app)
     register_cli(app)

@@ -22,11 +22,13 @@ from flask import (
     request,
     url_for,
 )
+from flask_limiter.util import get_remote_address
 from flask_login import current_user, login_required
 
 from dashboard.audit.services import Actor
 from dashboard.connectors import oauth, services
 from dashboard.extensions import csrf, db
+from dashboard.security import get_limiter
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,19 @@ def init_oauth(app: Flask) -> None:
     app.extensions["orbitpilot.oauth"] = oauth.create_server(app)
     for view in (token, register, revoke_token):
         csrf.exempt(view)  # clients, not browsers: no cookies, no forms
+
+
+def limit_oauth(app: Flask) -> None:
+    """Per client address: the token and revocation endpoints, and registrations (after
+    ``init_security``, which makes the limiter)."""
+    limiter = get_limiter(app)
+    for endpoint, setting in (("connectors.token", "OAUTH_RATE_LIMIT"),
+                              ("connectors.revoke_token", "OAUTH_RATE_LIMIT"),
+                              ("connectors.register", "OAUTH_REGISTER_LIMIT")):
+        view = app.view_functions[endpoint]
+        app.view_functions[endpoint] = limiter.limit(
+            lambda setting=setting: app.config[setting], key_func=get_remote_address,
+            scope=endpoint)(view)
 
 
 def _server() -> Any:

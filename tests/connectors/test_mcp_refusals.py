@@ -23,7 +23,7 @@ from dashboard.connectors import services
 from dashboard.connectors.models import OAuthToken
 from dashboard.extensions import db
 from dashboard.memories import services as memories
-from tests.connectors.helpers import REDIRECT_URI, Person, live_app
+from tests.connectors.helpers import CSRF, REDIRECT_URI, Person, live_app
 from tests.factories import make_user
 
 pytestmark = pytest.mark.processes  # a served app
@@ -172,7 +172,7 @@ def test_disconnecting_on_the_connections_page_stops_the_very_next_call(app):
         assert page.count(f'data-memory="{memory_id}"') == 2
         assert [item["id"] for item in listed["items"]] == [memory_id]
         revoke = person.http.get(f"/settings/connections/{grant_id}/revoke").text
-        token_field = revoke.split('name="csrf_token" value="')[1].split('"')[0]
+        token_field = CSRF.search(revoke).group(1)
         answer = person.http.post(f"/settings/connections/{grant_id}/revoke",
                                   data={"csrf_token": token_field})
         assert answer.status_code == 302

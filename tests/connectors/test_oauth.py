@@ -299,3 +299,12 @@ def test_a_user_cannot_grant_hard_delete_but_an_admin_can_add_it(client, signed_
     caller = services.authenticate_access_token(db_session, first["access_token"],
                                                 resource=grant.resource)
     assert caller.scopes == ("memory:read", "memory:hard_delete")
+
+
+def test_registrations_are_limited_per_client_address(app, client, monkeypatch):
+    monkeypatch.setitem(app.config, "OAUTH_REGISTER_LIMIT", "2 per hour")
+    register(client)
+    register(client)
+    answer = client.post("/oauth/register", json={"client_name": "x",
+                                                  "redirect_uris": [REDIRECT_URI]})
+    assert answer.status_code == 429
