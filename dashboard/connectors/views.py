@@ -28,7 +28,7 @@ from flask_login import current_user, login_required
 from dashboard.audit.services import Actor
 from dashboard.connectors import oauth, services
 from dashboard.extensions import csrf, db
-from dashboard.security import get_limiter
+from dashboard.security import content_security_policy, csp_nonce, get_limiter
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,14 @@ def _authorize_error(error: OAuth2Error):
                            sentence=error.description or error.error), 400
 
 
+def form_source(uri: str) -> tuple[str, ...]:
+    """The CSP source of a redirect URI: its origin (web), or its scheme (an app's)."""
+    parts = urlsplit(uri)
+    source = f"{parts.scheme}://{parts.netloc}" if parts.scheme in ("http", "https") \
+        else f"{parts.scheme}:"
+    return (source,) if source.isascii() and not any(c in source for c in " ;,'\"") else ()
+
+
 @bp.route("/oauth/authorize", methods=["GET", "POST"])
 @login_required
 def authorize():
@@ -146,6 +154,9 @@ def authorize():
             redirect_uri=grant.redirect_uri, action=request.full_path,
             unverified=client.kind == "registered"))
         response.headers["Cache-Control"] = "no-store"
+        # The answer redirects to the app: the policy lets this form go there.
+        response.headers["Content-Security-Policy"] = content_security_policy(
+            csp_nonce(), form_source(grant.redirect_uri))
         return response
     allowed = request.form.get("decision") == "allow"
     connection = services.consent(db.session, user=current_user, client=client,
