@@ -110,6 +110,15 @@ class MCPMount:
         return ASGIMiddleware(asgi, loop=loop)
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
+        if environ.get("REQUEST_METHOD") != "POST":
+            # Stateless and JSON-only: no server-sent stream to GET (which would hold a
+            # web worker for as long as a client keeps it open), no session to DELETE.
+            body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":' \
+                   b'"Send MCP messages with POST; this server keeps no stream open."}}'
+            start_response("405 Method Not Allowed", [
+                ("Content-Type", "application/json"), ("Allow", "POST"),
+                ("Content-Length", str(len(body)))])
+            return [body]
         base = self.base_of(environ)
         served = self._apps.get(base)
         if served is None:

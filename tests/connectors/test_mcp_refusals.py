@@ -180,3 +180,14 @@ def test_disconnecting_on_the_connections_page_stops_the_very_next_call(app):
         listing = person.http.get("/settings/connections/").text
         assert f'id="connection-{grant_id}"' in listing and "disconnected" in listing
         person.close()
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "DELETE", "PUT"])
+def test_mcp_takes_only_post_and_never_holds_a_stream_open(app, method):
+    with live_app() as live:
+        token, _ = connect_directly(live, ["memory:read"])
+        for headers in ({}, {"Authorization": f"Bearer {token}",
+                             "Accept": "text/event-stream, application/json"}):
+            answer = httpx2.request(method, f"{live.url}/mcp", headers=headers, timeout=10)
+            assert answer.status_code == 405
+            assert answer.headers["allow"] == "POST"
