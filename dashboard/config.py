@@ -90,6 +90,13 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "OAUTH_ACCESS_TOKEN_SECONDS": _env("OAUTH_ACCESS_TOKEN_SECONDS", 900, int),
         "OAUTH_CODE_SECONDS": _env("OAUTH_CODE_SECONDS", 300, int),
         "OAUTH_REFRESH_TOKEN_DAYS": _env("OAUTH_REFRESH_TOKEN_DAYS", 30, int),
+        # Client ID metadata documents: how long a fetched one is trusted; another CA to
+        # trust (a private one); whether private addresses may be fetched (never, but in
+        # tests of a local server).
+        "OAUTH_CLIENT_METADATA_SECONDS": _env("OAUTH_CLIENT_METADATA_SECONDS", 3600, int),
+        "OAUTH_CLIENT_METADATA_CA": _env("OAUTH_CLIENT_METADATA_CA", None),
+        "OAUTH_CLIENT_METADATA_ALLOW_PRIVATE": _env("OAUTH_CLIENT_METADATA_ALLOW_PRIVATE",
+                                                    False, parse_boolean),
         # Proxies in front of the app that set X-Forwarded-For/-Proto (0: none). Behind a
         # proxy, set it, or every client shares the proxy's address for sign-in throttling.
         "TRUSTED_PROXIES": _env("TRUSTED_PROXIES", 0, int),
