@@ -16,7 +16,14 @@ from sqlalchemy import event
 import dashboard.catalog  # noqa: F401  (installs the sources, in rank order)
 import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
 from dashboard.admin.assignments import AssignmentView
-from dashboard.admin.views import ApiKeyView, BuildView, ForgetMarkerView, PlanView, UserView
+from dashboard.admin.views import (
+    ApiKeyView,
+    BuildView,
+    ConnectionView,
+    ForgetMarkerView,
+    PlanView,
+    UserView,
+)
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.views import AuditEventView
 from dashboard.auth.models import User
@@ -25,6 +32,10 @@ from dashboard.auth.views import load_user, throttle_signin
 from dashboard.blinks.views import bp as blinks_bp
 from dashboard.cli import register_cli
 from dashboard.config import settings_from_env
+from dashboard.connectors.mcp_http import init_mcp
+from dashboard.connectors.models import OAuthGrant
+from dashboard.connectors.views import bp as connectors_bp
+from dashboard.connectors.views import init_oauth, limit_oauth
 from dashboard.database import normalise_database_url
 from dashboard.documents.views import bp as documents_bp
 from dashboard.embedded import OWNER_ROLE, EmbeddedBinding, ensure_started, get_services
@@ -80,8 +91,10 @@ def build_app(config: Mapping[str, Any] | None = None) -> Flask:
     init_extensions(app)
     init_queue(app)
     init_blueprints(app)
+    init_mcp(app)  # inside init_security's wrappers: /mcp gets the Host check too
     init_security(app)
     throttle_signin(app)
+    limit_oauth(app)
     init_api(app)
     init_admin(app)
     register_cli(app)
@@ -145,8 +158,9 @@ def _start_embedded_on_first_use(app: Flask) -> None:
 
 def init_blueprints(app: Flask) -> None:
     for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
-                      documents_bp, keys_bp, memories_bp):
+                      documents_bp, keys_bp, memories_bp, connectors_bp):
         app.register_blueprint(blueprint)
+    init_oauth(app)
 
 
 def init_admin(app: Flask) -> Admin:
@@ -164,6 +178,8 @@ def init_admin(app: Flask) -> Admin:
     admin.add_view(AssignmentView(name="Assignments", endpoint="assignments",
                                   url="/admin/assignments"))
     admin.add_view(ApiKeyView(ApiKey, db, name="API keys", endpoint="api_keys"))
+    admin.add_view(ConnectionView(OAuthGrant, db, name="Connected apps",
+                                  endpoint="connections"))
     admin.add_view(BuildView(MemoryBuild, db, name="Builds", endpoint="builds"))
     admin.add_view(AuditEventView(AuditEvent, db, name="Audit log", endpoint="audit"))
     admin.add_view(ForgetMarkerView(ForgetMarker, db, name="Erasure markers",

@@ -18,6 +18,7 @@ from dashboard.audit.services import (
     verify_chain,
 )
 from dashboard.auth import services as accounts
+from dashboard.connectors.cli import mcp_group
 from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 from dashboard.embedded import get_services
 from dashboard.extensions import db
@@ -28,6 +29,7 @@ from dashboard.refusals import Refusal
 
 def register_cli(app: Flask) -> None:
     app.cli.add_command(services_group)
+    app.cli.add_command(mcp_group)
     app.cli.add_command(create_admin)
     app.cli.add_command(create_user_command)
     app.cli.add_command(set_role_command)

@@ -79,6 +79,24 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "SIGNIN_LIMIT_PER_CLIENT": _env("SIGNIN_LIMIT_PER_CLIENT", "20/minute;100/hour"),
         # Calls to the memory API (/v1) allowed per API key, or per client without one.
         "API_RATE_LIMIT": _env("API_RATE_LIMIT", "300 per minute"),
+        # Connectors: calls to the OAuth token/revoke endpoints, and client registrations,
+        # per client address.
+        "OAUTH_RATE_LIMIT": _env("OAUTH_RATE_LIMIT", "120 per minute"),
+        "OAUTH_REGISTER_LIMIT": _env("OAUTH_REGISTER_LIMIT", "30 per hour"),
+        # The origin clients reach the app at (tokens name its /mcp); unset: each
+        # request's own host.
+        "PUBLIC_URL": _env("PUBLIC_URL", None),
+        # Access tokens' and authorisation codes' lifetimes (seconds), refresh tokens' (days).
+        "OAUTH_ACCESS_TOKEN_SECONDS": _env("OAUTH_ACCESS_TOKEN_SECONDS", 900, int),
+        "OAUTH_CODE_SECONDS": _env("OAUTH_CODE_SECONDS", 300, int),
+        "OAUTH_REFRESH_TOKEN_DAYS": _env("OAUTH_REFRESH_TOKEN_DAYS", 30, int),
+        # Client ID metadata documents: how long a fetched one is trusted; another CA to
+        # trust (a private one); whether private addresses may be fetched (never, but in
+        # tests of a local server).
+        "OAUTH_CLIENT_METADATA_SECONDS": _env("OAUTH_CLIENT_METADATA_SECONDS", 3600, int),
+        "OAUTH_CLIENT_METADATA_CA": _env("OAUTH_CLIENT_METADATA_CA", None),
+        "OAUTH_CLIENT_METADATA_ALLOW_PRIVATE": _env("OAUTH_CLIENT_METADATA_ALLOW_PRIVATE",
+                                                    False, parse_boolean),
         # Proxies in front of the app that set X-Forwarded-For/-Proto (0: none). Behind a
         # proxy, set it, or every client shares the proxy's address for sign-in throttling.
         "TRUSTED_PROXIES": _env("TRUSTED_PROXIES", 0, int),

@@ -3,6 +3,13 @@
 from dashboard.audit.models import AuditCheckpoint, AuditEvent
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
+from dashboard.connectors.models import (
+    ConnectorAccess,
+    OAuthClient,
+    OAuthCode,
+    OAuthGrant,
+    OAuthToken,
+)
 from dashboard.documents.models import Document
 from dashboard.leases import MaintenanceLease
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
@@ -11,7 +18,8 @@ from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.plans.models import Plan, SourceAssignment
 
 __all__ = [
-    "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "Conversation", "Document",
-    "ForgetMarker", "MaintenanceLease", "Memory", "MemoryBuild", "MemoryChunk",
-    "MemoryVersion", "Message", "Plan", "ProfileFact", "SourceAssignment", "User",
+    "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "ConnectorAccess", "Conversation",
+    "Document", "ForgetMarker", "MaintenanceLease", "Memory", "MemoryBuild", "MemoryChunk",
+    "MemoryVersion", "Message", "OAuthClient", "OAuthCode", "OAuthGrant", "OAuthToken",
+    "Plan", "ProfileFact", "SourceAssignment", "User",
 ]

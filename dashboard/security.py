@@ -179,7 +179,9 @@ def csp_nonce() -> str:
     return request.environ["orbitpilot.csp_nonce"]
 
 
-def content_security_policy(nonce: str) -> str:
+def content_security_policy(nonce: str, form_targets: tuple[str, ...] = ()) -> str:
+    """The policy; ``form_targets``: sources a form here may lead to beyond this origin
+    (the consent page's answer redirects to the app's own address)."""
     return "; ".join([
         "default-src 'self'",
         f"script-src 'self' 'nonce-{nonce}'",
@@ -189,7 +191,7 @@ def content_security_policy(nonce: str) -> str:
         "connect-src 'self'",
         "object-src 'none'",
         "base-uri 'none'",
-        "form-action 'self'",
+        " ".join(("form-action 'self'", *form_targets)),
         "frame-ancestors 'none'",
     ])
 

@@ -88,6 +88,7 @@ def make_test_config(**overrides) -> dict:
         "EMBEDDED_DATABASE": TEST_DATABASE,
         "PASSWORD_MIN_LENGTH": 10,
         "SERVER_NAME": "localhost",
+        "OAUTH_RATE_LIMIT": "100000 per minute", "OAUTH_REGISTER_LIMIT": "100000 per minute",
         # A queue of this run's own: nothing else's jobs, and nothing left for others.
         "BUILD_QUEUE": f"builds-test-{os.getpid()}",
         "BUILD_HEARTBEAT_SECONDS": 0.2,

@@ -221,6 +221,22 @@ def replace_parts_extract(monkeypatch, key: str, extract: Any) -> Any:
     return parts.extract
 
 
+def make_connection(session, user, *, scopes: Iterable[str] = ("memory:read",),
+                    name: str = "Test app", resource: str = "http://localhost/mcp"):
+    """A connected app as the consent page makes one, and a live access token for it."""
+    from dashboard.connectors import services as connections
+
+    client, _ = connections.register_client(session, {
+        "client_name": name, "redirect_uris": ["http://127.0.0.1:33418/callback"],
+        "token_endpoint_auth_method": "none"})
+    grant = connections.consent(session, user=user, client=client, scopes=list(scopes),
+                                resource=resource, allowed=True)
+    access = connections.new_secret(connections.ACCESS_PREFIX)
+    connections.store_tokens(session, grant, access=access, refresh=None, scopes=list(scopes),
+                             lifetimes=connections.Lifetimes())
+    return grant, access
+
+
 def plans_of(session) -> UserPlans:
     """What a request's edge would pass the services: each user's plan, read once."""
     return UserPlans(session)

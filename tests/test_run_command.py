@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -216,6 +217,23 @@ def test_ctrl_c_right_after_it_serves_ends_everything_within_15_seconds(runs):
     assert run.left_behind() == []  # no PostgreSQL, no Valkey
     assert not listening_on(run.port)  # no web server
     assert "==> stopped" in run.output()
+
+
+def test_the_run_command_serves_mcp_beside_the_pages_under_gunicorn(runs):
+    run = runs()
+    run.wait_serving()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{run.port}/mcp", method="POST",
+        data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
+        headers={"Content-Type": "application/json",
+                 "Accept": "application/json, text/event-stream"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401  # the MCP server answered: sign in first
+    assert "resource_metadata=" in refused.value.headers["WWW-Authenticate"]
+    assert serves(run.port)  # and the pages still answer
+    run.signal_group(signal.SIGINT)
+    assert run.proc.wait(timeout=15) == 0
 
 
 def test_a_run_killed_in_its_first_seconds_never_spoils_the_next(runs, tmp_path):

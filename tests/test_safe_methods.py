@@ -21,6 +21,7 @@ from tests.factories import (
     ALL_SCOPES,
     make_blink,
     make_build_record,
+    make_connection,
     make_conversation,
     make_key,
     make_memory,
@@ -56,6 +57,7 @@ def world(db_session) -> World:
     fact = ProfileFact(user_id=owner.id, key="city", value="Porto")
     db_session.add_all([document, fact])
     key, secret = make_key(db_session, owner, scopes=ALL_SCOPES)
+    connection, _ = make_connection(db_session, owner, scopes=("memory:read",))
     conversation, _ = make_conversation(db_session, owner, [("question", "answer")])
     memory = make_memory(db_session, owner, "a memory to keep")
     gone = make_memory(db_session, owner, "a memory already forgotten")
@@ -66,10 +68,10 @@ def world(db_session) -> World:
     db_session.commit()
     ids = {"blinks": blink.id, "documents": document.id, "profile": fact.id, "keys": key.id,
            "plan": plan.id, "user": owner.id, "api_keys": key.id, "builds": build.id,
-           "markers": receipt.marker_id, "audit": 1}
+           "markers": receipt.marker_id, "audit": 1, "connections": connection.id}
     args = {"memory_id": memory.id, "marker_id": receipt.marker_id,
             "conversation_id": conversation.id, "user_id": owner.id, "export_type": "csv",
-            "filename": "admin-csp.js"}
+            "filename": "admin-csp.js", "grant_id": connection.id}
     return World(emails, secret, ids, args)
 
 

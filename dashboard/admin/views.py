@@ -18,6 +18,9 @@ from wtforms.fields import SelectChoice
 from dashboard.audit.services import Actor
 from dashboard.auth.models import ROLES, User
 from dashboard.auth.services import AccountError, update_account
+from dashboard.connectors.models import OAuthGrant
+from dashboard.connectors.services import grant_hard_delete as grant_connection_hard_delete
+from dashboard.connectors.services import revoke_grant
 from dashboard.extensions import db
 from dashboard.ids import INT4_MAX, parse_int
 from dashboard.memories.keys import grant_hard_delete, revoke_key
@@ -262,6 +265,52 @@ class ApiKeyView(AdminOnlyView):
         flash(f"Granted memory:hard_delete to {granted} key(s)"
               + (f"; {len(keys) - granted} already had it or are revoked."
                  if granted < len(keys) else "."), "success")
+
+
+class ConnectionView(AdminOnlyView):
+    """Connected apps per user: the app's own name, what it may do, how often it called
+    and how many items it was handed (counts only: never what it read). Revoking cuts
+    the app off at its next call."""
+
+    can_create = can_edit = can_delete = False
+    action_disallowed_list = ["delete"]
+    column_list = ("id", "user.email", "client.name", "client.kind", "scopes", "created_at",
+                   "last_used_at", "calls", "revoked_at", "revoked_by")
+    column_details_list = column_list
+    column_labels = {"user.email": "User", "client.name": "App", "client.kind": "Identified by"}
+    column_formatters = {"client.kind": lambda v, c, m, n: "metadata document"
+                         if m.client.kind == "document" else "self-registration (unverified)"}
+    column_sortable_list = ("id", "created_at", "last_used_at", "calls", "revoked_at")
+    column_filters = ("user.email", "revoked_at")
+    column_default_sort = ("id", True)
+    named_filter_urls = True
+
+    def get_query(self) -> Any:
+        return super().get_query().options(joinedload(OAuthGrant.user),
+                                           joinedload(OAuthGrant.client))
+
+    @action("revoke", "Disconnect", "Disconnect these apps? Their next call fails.")
+    def action_revoke(self, ids: list[str]) -> None:
+        grants = db.session.scalars(select(OAuthGrant).where(
+            OAuthGrant.id.in_(self.ids_from(ids))).with_for_update()).all()
+        revoked = sum(revoke_grant(db.session, grant, actor=Actor.of(current_user), by="admin")
+                      for grant in grants)
+        db.session.commit()
+        flash(f"Disconnected {revoked} app(s)" + (f"; {len(grants) - revoked} already were."
+                                                  if revoked < len(grants) else "."), "success")
+
+    @action("grant_hard_delete", "Allow memory:hard_delete",
+            "Let these apps erase memories for good (memory:hard_delete)?")
+    def action_grant_hard_delete(self, ids: list[str]) -> None:
+        grants = db.session.scalars(select(OAuthGrant).where(
+            OAuthGrant.id.in_(self.ids_from(ids))).with_for_update()).all()
+        granted = sum(grant_connection_hard_delete(db.session, grant,
+                                                   actor=Actor.of(current_user))
+                      for grant in grants)
+        db.session.commit()
+        flash(f"Allowed memory:hard_delete for {granted} app(s)"
+              + (f"; {len(grants) - granted} already had it or are disconnected."
+                 if granted < len(grants) else "."), "success")
 
 
 def _duration(view: Any, context: Any, build: Any, name: str) -> str:

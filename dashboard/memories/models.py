@@ -27,7 +27,7 @@ from dashboard.models_base import created_at_column, updated_at_column
 if TYPE_CHECKING:
     from dashboard.auth.models import User
 
-MEMORY_SOURCES = ("chatgpt", "codex", "copilot", "api", "orbitpilot")
+MEMORY_SOURCES = ("chatgpt", "claude", "codex", "copilot", "api", "orbitpilot", "connector")
 MEMORY_STATUSES = ("active", "deleted", "redacted")
 FORGET_MODES = ("soft_delete", "redact", "hard_delete", "restore")
 SCOPES = ("memory:read", "memory:write", "memory:delete", "memory:redact", "memory:hard_delete")
@@ -56,6 +56,8 @@ class Memory(db.Model):
     status: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    # The connected app it was saved through, by the name that app gave itself.
+    client_name: Mapped[str | None] = mapped_column(String(200))
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = updated_at_column()
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -36,8 +36,9 @@ PAGE_SIZE = 20
 STATUS_FILTERS = ("all", *MEMORY_STATUSES)
 # The modes these pages offer; hard delete is the API's.
 PAGE_MODES = ("soft_delete", "redact")
-SOURCE_LABELS = {"chatgpt": "ChatGPT", "codex": "Codex", "copilot": "Copilot", "api": "API",
-                 "orbitpilot": "OrbitPilot"}
+SOURCE_LABELS = {"chatgpt": "ChatGPT", "claude": "Claude", "codex": "Codex",
+                 "copilot": "Copilot", "api": "API", "orbitpilot": "OrbitPilot",
+                 "connector": "a connected app"}
 MODE_LABELS = {"soft_delete": "Forget (soft delete)", "redact": "Redact",
                "hard_delete": "Permanent deletion", "restore": "Restore"}
 
@@ -51,9 +52,10 @@ HARD_DELETE = "Permanent deletion is done through the memory API, with a key an 
 
 
 @bp.app_template_global("memory_source_label")
-def memory_source_label(source: str) -> str:
-    """Who saved a memory, as its badge says it."""
-    return SOURCE_LABELS.get(source, source)
+def memory_source_label(source: str, client_name: str | None = None) -> str:
+    """Who saved a memory, as its badge says it: a connected app by its own name."""
+    label = SOURCE_LABELS.get(source, source)
+    return f"{client_name} ({label})" if client_name and client_name != label else label
 
 
 class ForgetForm(FlaskForm):

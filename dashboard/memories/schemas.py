@@ -158,6 +158,8 @@ class MemoryOut(BaseModel):
     content: str
     metadata: dict[str, Any]
     source: Source
+    client_name: str | None = Field(description="The connected app it was saved through, "
+                                                "by the name it gave itself.")
     status: Status
     version: int
     created_at: datetime

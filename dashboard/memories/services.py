@@ -284,12 +284,14 @@ def _remembered(session: Session, owner: Any) -> tuple[bool, str]:
 
 
 def save_memory(session: Session, *, owner: Any, content: object, metadata: object = None,
-                source: object = "api", actor: Actor, api_key_id: int | None = None) -> Saved:
+                source: object = "api", actor: Actor, api_key_id: int | None = None,
+                client_name: str | None = None) -> Saved:
     """Save a memory and request a quick update for its owner; says whether saved
     memories are remembered on the owner's plan (the status sentence)."""
     memory = Memory(owner_id=owner.id, content=check_content(content),
                     metadata_=check_metadata(metadata), source=check_source(source),
-                    status="active", version=1, api_key_id=api_key_id)
+                    status="active", version=1, api_key_id=api_key_id,
+                    client_name=client_name)
     session.add(memory)
     session.flush()
     record_event(session, action="memory.create", actor=actor, owner_id=owner.id,
@@ -605,6 +607,7 @@ def memory_dict(memory: Memory) -> dict[str, Any]:
         "content": memory.content,
         "metadata": memory.metadata_ or {},
         "source": memory.source,
+        "client_name": memory.client_name,
         "status": memory.status,
         "version": memory.version,
         "created_at": memory.created_at.isoformat(),

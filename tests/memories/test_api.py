@@ -121,8 +121,8 @@ def recalled_ids(api: Api, query: str) -> list[str | None]:
     return [hit["memory_id"] for hit in response.get_json()["results"]]
 
 
-MEMORY_FIELDS = {"id", "content", "metadata", "source", "status", "version", "created_at",
-                 "updated_at", "deleted_at", "redacted_at"}
+MEMORY_FIELDS = {"id", "content", "metadata", "source", "client_name", "status", "version",
+                 "created_at", "updated_at", "deleted_at", "redacted_at"}
 RECEIPT_FIELDS = {"marker_id", "memory_id", "mode", "from_status", "to_status", "version",
                   "reason", "removed", "audit_event", "created_at", "vacuum"}
 

@@ -1,0 +1,251 @@
+"""The MCP server: a user's memory as tools, over the memory API's own services (never a
+second copy of their rules). Each tool needs the scope its REST twin needs; every
+refusal is a tool error in a plain sentence; what a call hands the app is logged by id.
+
+The same tools serve Streamable HTTP (a bearer token from the OAuth server) and stdio
+(an API key from the environment): ``Principal`` is who calls, either way."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from flask import Flask
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
+from pydantic import Field
+from sqlalchemy.orm import Session
+
+from dashboard.audit.services import Actor
+from dashboard.auth.models import User
+from dashboard.connectors import services as connections
+from dashboard.extensions import db
+from dashboard.memories import services
+from dashboard.memories.keys import authenticate_key
+from dashboard.memory import embedder_model_name, get_embedder, memory_status, settings_from
+from dashboard.plans.services import UserPlans, resolve_build_sources
+from dashboard.refusals import Refusal
+from dashboard.sources import SAVED
+
+log = logging.getLogger(__name__)
+
+INSTRUCTIONS = (
+    "The user's long-term memory in OrbitPilot. Search it before answering questions about "
+    "the user's preferences, projects or past decisions; save durable facts the user wants "
+    "remembered; forget only a memory the user asked to forget, by its id.")
+FAILED = "Something went wrong on OrbitPilot's side; nothing was changed. Try again."
+READ, WRITE = "memory:read", "memory:write"
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who calls a tool: a connected app (its connection) or an API key."""
+
+    user_id: int
+    scopes: tuple[str, ...]
+    actor: Actor
+    source: str  # what memories saved through it name as their source
+    client_name: str | None = None
+    caller: connections.Caller | None = None  # set for a connected app: its access log
+    api_key_id: int | None = None
+
+
+def from_token(session: Session) -> Principal:
+    """The connected app the request's bearer token speaks for (checked by then)."""
+    token = get_access_token()
+    if token is None or not token.claims:
+        raise ToolError("Sign in again: this call carries no valid access token.")
+    caller = connections.Caller(**token.claims["caller"])
+    return Principal(caller.user_id, caller.scopes, caller.actor, caller.attribution,
+                     caller.client_name, caller)
+
+
+def _memory(memory: Any) -> dict[str, Any]:
+    return services.memory_dict(memory)
+
+
+def from_api_key(raw: str, *, source: str = "api") -> Callable[[Session], Principal]:
+    """For stdio: the API key a local agent was started with, checked on every call (a
+    revoked key stops working at once)."""
+    def principal(session: Session) -> Principal:
+        key = authenticate_key(session, raw)
+        if key is None:
+            raise ToolError("The API key this server was started with is not a live key: "
+                            "create one on /settings/keys and start it again.")
+        return Principal(key.owner_id, tuple(key.scopes), Actor("api_key", str(key.id)),
+                         source, api_key_id=key.id)
+    return principal
+
+
+def build_server(app: Flask, principal: Callable[[Session], Principal] = from_token, *,
+                 auth: AuthSettings | None = None, token_verifier: Any = None) -> MCPServer:
+    """The tools, each run in ``app``'s context in a transaction of its own."""
+    server = MCPServer(name="OrbitPilot memory", instructions=INSTRUCTIONS, version="1",
+                       auth=auth, token_verifier=token_verifier)
+
+    def run(tool: str, scope: str | None, work: Callable[[Session, Principal, User], Any],
+            handed: Callable[[Any], Iterable[connections.Handed]] | None = None) -> Any:
+        with app.app_context():
+            session = db.session
+            try:
+                who = principal(session)
+                if scope is not None and scope not in who.scopes:
+                    raise ToolError(f"This connection may not do that: it needs the {scope} "
+                                    "scope. Connect again and allow it.")
+                user = session.get(User, who.user_id)
+                if user is None or not user.active:
+                    raise ToolError("This account cannot be used any more.")
+                result = work(session, who, user)
+                if handed is not None and who.caller is not None:
+                    connections.log_access(session, who.caller, tool, handed(result))
+                session.commit()
+                return result
+            except ToolError:
+                session.rollback()
+                raise
+            except Refusal as exc:
+                session.rollback()
+                raise ToolError(exc.sentence) from None
+            except Exception as exc:
+                session.rollback()
+                log.error("MCP tool %s failed: %s", tool, type(exc).__name__)
+                raise ToolError(FAILED) from None
+            finally:
+                db.session.remove()
+
+    def saved_items(memories: Iterable[dict[str, Any]]) -> list[connections.Handed]:
+        return [connections.Handed(SAVED, m["id"], m["id"]) for m in memories]
+
+    @server.tool(annotations=ToolAnnotations(title="Save a memory", readOnlyHint=False,
+                                             destructiveHint=False, idempotentHint=False))
+    def save_memory(
+        content: Annotated[str, Field(description="The fact to remember, in a sentence.")],
+        metadata: Annotated[dict[str, Any] | None,
+                            Field(description="Optional labels (JSON object).")] = None,
+    ) -> dict[str, Any]:
+        """Save a durable fact about the user (a preference, a project fact, a decision)."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            saved = services.save_memory(session, owner=user, content=content,
+                                         metadata=metadata, source=who.source, actor=who.actor,
+                                         api_key_id=who.api_key_id,
+                                         client_name=who.client_name)
+            return {"memory": _memory(saved.memory), "remembered": saved.remembered,
+                    "memory_notice": saved.sentence}
+        return run("save_memory", WRITE, work)
+
+    @server.tool(annotations=ToolAnnotations(title="Search memory", readOnlyHint=True,
+                                             idempotentHint=True))
+    def search_memory(
+        query: Annotated[str, Field(description="What to recall, in words.")],
+        k: Annotated[int, Field(ge=1, le=services.MAX_RECALL_K,
+                                description="How many results.")] = 5,
+    ) -> dict[str, Any]:
+        """Recall what the user's memory holds about something: the nearest memories and
+        records, each with its id, source and distance (smaller is closer)."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            embedder = get_embedder(app.config["EMBEDDER"])
+            hits = services.recall(session, user.id, query, k, embedder=embedder)
+            return {"results": [dataclasses.asdict(hit) for hit in hits]}
+
+        def handed(result: dict[str, Any]) -> list[connections.Handed]:
+            return [connections.Handed(hit["source_key"], hit["source_id"], hit["memory_id"])
+                    for hit in result["results"]]
+        return run("search_memory", READ, work, handed)
+
+    @server.tool(annotations=ToolAnnotations(title="List memories", readOnlyHint=True,
+                                             idempotentHint=True))
+    def list_memories(
+        status: Annotated[Literal["active", "deleted", "redacted"] | None,
+                          Field(description="Only memories in this state.")] = None,
+        limit: Annotated[int, Field(ge=1, le=100)] = 20,
+        cursor: Annotated[str | None, Field(description="next_cursor of the last page.")]
+        = None,
+    ) -> dict[str, Any]:
+        """List the user's saved memories, newest first, a page at a time."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            page = services.list_memories(session, user.id, status=status, limit=limit,
+                                          cursor=cursor or None)
+            return {"items": [_memory(m) for m in page.items], "next_cursor": page.next_cursor}
+        return run("list_memories", READ, work, lambda r: saved_items(r["items"]))
+
+    @server.tool(annotations=ToolAnnotations(title="Get a memory", readOnlyHint=True,
+                                             idempotentHint=True))
+    def get_memory(memory_id: Annotated[str, Field(description="The memory's id.")]
+                   ) -> dict[str, Any]:
+        """One saved memory by its id."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            return _memory(services.find_memory(session, user.id, memory_id))
+        return run("get_memory", READ, work, lambda r: saved_items([r]))
+
+    @server.tool(annotations=ToolAnnotations(title="Update a memory", readOnlyHint=False,
+                                             destructiveHint=False, idempotentHint=True))
+    def update_memory(
+        memory_id: Annotated[str, Field(description="The memory's id.")],
+        content: Annotated[str | None, Field(description="The new text.")] = None,
+        metadata: Annotated[dict[str, Any] | None,
+                            Field(description="New labels (replace the old).")] = None,
+    ) -> dict[str, Any]:
+        """Change a saved memory's text or labels (the old version is kept)."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            memory = services.find_memory(session, user.id, memory_id, lock=True)
+            services.update_memory(session, memory, content=content, metadata=metadata,
+                                   actor=who.actor)
+            return _memory(memory)
+        return run("update_memory", WRITE, work)
+
+    @server.tool(annotations=ToolAnnotations(title="Forget a memory", readOnlyHint=False,
+                                             destructiveHint=True, idempotentHint=False))
+    def forget_memory(
+        memory_id: Annotated[str, Field(description="The id of the memory the user asked "
+                                                    "to forget (never a search's top hit).")],
+        mode: Annotated[Literal["soft_delete", "redact", "hard_delete"],
+                        Field(description="soft_delete: restorable; redact: the words are "
+                                          "gone; hard_delete: erased for good.")]
+        = "soft_delete",
+        reason: Annotated[str | None, Field(description="Why, if the user said.")] = None,
+    ) -> dict[str, Any]:
+        """Forget one memory by its id: it stops being recalled at once."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            receipt = services.forget_memory(session, user.id, memory_id, mode=mode,
+                                             actor=who.actor, scopes=list(who.scopes),
+                                             reason=reason)
+            return {"receipt": receipt.to_dict()}
+        return run("forget_memory", None, work)
+
+    @server.tool(annotations=ToolAnnotations(title="Restore a memory", readOnlyHint=False,
+                                             destructiveHint=False, idempotentHint=False))
+    def restore_memory(memory_id: Annotated[str, Field(description="The memory's id.")]
+                       ) -> dict[str, Any]:
+        """Bring back a soft-deleted memory."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            receipt = services.restore_memory(session, user.id, memory_id, actor=who.actor,
+                                              scopes=list(who.scopes))
+            return {"receipt": receipt.to_dict()}
+        return run("restore_memory", None, work)
+
+    @server.tool(name="memory_status",
+                 annotations=ToolAnnotations(title="Memory status", readOnlyHint=True,
+                                             idempotentHint=True))
+    def memory_status_tool() -> dict[str, Any]:
+        """Which of the user's sources their memory holds, each in the sentence the
+        Memory Status page shows, and when it was last built."""
+        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+            resolution = resolve_build_sources(user, UserPlans(session))
+            status = memory_status(session, user, resolution=resolution,
+                                   embedder_name=embedder_model_name(
+                                       settings_from(app.config).embedder))
+            last = status.last_success or status.last_build
+            return {"plan": status.plan_name, "sources": [
+                {"key": s.key, "label": s.label, "state": str(s.state),
+                 "sentence": s.sentence, "chunks": s.chunks} for s in status.sources],
+                "last_build": last.finished_at.isoformat() if last and last.finished_at
+                else None}
+        return run("memory_status", READ, work)
+
+    return server

@@ -1,0 +1,283 @@
+"""The OAuth 2.1 authorization server, on Authlib: authorization code with PKCE (S256
+only), refresh tokens rotated on use, revocation (RFC 7009), dynamic registration
+(RFC 7591) and client ID metadata documents, resource indicators (RFC 8707), and the
+metadata documents (RFC 8414, RFC 9728). The rules live in ``services``; this wires
+them to Authlib's request handling and to Flask."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from authlib.integrations.flask_oauth2 import AuthorizationServer
+from authlib.oauth2.rfc6749 import (
+    InvalidClientError,
+    InvalidRequestError,
+    OAuth2Error,
+    grants,
+)
+from authlib.oauth2.rfc6750 import BearerTokenGenerator
+from authlib.oauth2.rfc7009 import RevocationEndpoint
+from authlib.oauth2.rfc7591 import InvalidClientMetadataError, InvalidRedirectURIError
+from authlib.oauth2.rfc7636 import CodeChallenge
+from flask import Flask, current_app, has_request_context, request
+
+from dashboard.auth.models import User
+from dashboard.connectors import services
+from dashboard.connectors.documents import DocumentRefused, Fetcher, is_document_client_id
+from dashboard.connectors.models import OAuthClient, OAuthCode, OAuthGrant, OAuthToken
+from dashboard.extensions import db
+from dashboard.memories.models import SCOPES
+
+log = logging.getLogger(__name__)
+
+AUTH_METHODS = list(services.AUTH_METHODS)
+RESOURCE_NAME = "OrbitPilot memory"
+
+
+class InvalidTargetError(OAuth2Error):
+    """RFC 8707: the resource asked for is not one this server issues tokens for."""
+
+    error = "invalid_target"
+
+
+# -- where things are -----------------------------------------------------------------------
+
+def public_base() -> str:
+    """The origin clients reach us at: PUBLIC_URL, else the request's own."""
+    configured = current_app.config.get("PUBLIC_URL")
+    if configured:
+        return str(configured).rstrip("/")
+    return request.url_root.rstrip("/") if has_request_context() else ""
+
+
+def mcp_resource() -> str:
+    """The MCP endpoint's canonical URI: tokens are issued for it and only it."""
+    return public_base() + "/mcp"
+
+
+def authorization_server_metadata() -> dict[str, Any]:
+    base = public_base()
+    return {
+        "issuer": base,
+        "authorization_endpoint": f"{base}/oauth/authorize",
+        "token_endpoint": f"{base}/oauth/token",
+        "registration_endpoint": f"{base}/oauth/register",
+        "revocation_endpoint": f"{base}/oauth/revoke",
+        "scopes_supported": list(SCOPES),
+        "response_types_supported": ["code"],
+        "response_modes_supported": ["query"],
+        "grant_types_supported": list(services.GRANT_TYPES),
+        "code_challenge_methods_supported": ["S256"],
+        "token_endpoint_auth_methods_supported": AUTH_METHODS,
+        "revocation_endpoint_auth_methods_supported": AUTH_METHODS,
+        "client_id_metadata_document_supported": True,
+        "authorization_response_iss_parameter_supported": False,
+        "service_documentation": f"{base}/settings/connections",
+    }
+
+
+def protected_resource_metadata() -> dict[str, Any]:
+    return {
+        "resource": mcp_resource(),
+        "resource_name": RESOURCE_NAME,
+        "authorization_servers": [public_base()],
+        "scopes_supported": list(SCOPES),
+        "bearer_methods_supported": ["header"],
+    }
+
+
+def lifetimes() -> services.Lifetimes:
+    return services.Lifetimes.from_settings(current_app.config)
+
+
+# -- clients, codes and tokens as Authlib asks for them -------------------------------------
+
+def fetcher() -> Fetcher:
+    config = current_app.config
+    return Fetcher(ca_file=config.get("OAUTH_CLIENT_METADATA_CA") or None,
+                   allow_private=bool(config.get("OAUTH_CLIENT_METADATA_ALLOW_PRIVATE")))
+
+
+def query_client(client_id: str) -> OAuthClient | None:
+    """A registered client, or one identified by its metadata document's URL (fetched
+    when first seen and again once the copy is older than OAUTH_CLIENT_METADATA_SECONDS)."""
+    client = services.find_client(db.session, client_id)
+    if not is_document_client_id(client_id):
+        return client
+    ttl = timedelta(seconds=int(current_app.config.get("OAUTH_CLIENT_METADATA_SECONDS", 3600)))
+    if client is not None and client.fetched_at and \
+            datetime.now(UTC) - client.fetched_at < ttl:
+        return client
+    try:
+        document = fetcher().fetch(client_id)
+        return services.client_from_document(db.session, client_id, document)
+    except (DocumentRefused, services.ConnectorError) as exc:
+        log.info("client metadata document refused: %s", type(exc).__name__)
+        raise InvalidClientError(description=exc.sentence) from None
+
+
+def _resource_asked() -> str:
+    """The ``resource`` a request names (RFC 8707), which must be our MCP endpoint; none
+    named: the MCP endpoint."""
+    asked = request.values.getlist("resource")
+    if len(asked) > 1:
+        raise InvalidTargetError(description="Ask for one resource at a time.")
+    resource = asked[0] if asked else mcp_resource()
+    if resource.rstrip("/") != mcp_resource():
+        raise InvalidTargetError(description=f"This server issues tokens for {mcp_resource()} "
+                                             "only.")
+    return mcp_resource()
+
+
+class S256Only(CodeChallenge):
+    """PKCE is required of every client, and only with S256 (OAuth 2.1)."""
+
+    DEFAULT_CODE_CHALLENGE_METHOD = "S256"
+    SUPPORTED_CODE_CHALLENGE_METHOD = ["S256"]
+
+    def validate_code_challenge(self, grant: Any, redirect_uri: str) -> None:
+        data = grant.request.payload.data
+        if not data.get("code_challenge"):
+            raise InvalidRequestError("PKCE is required: send code_challenge with "
+                                      "code_challenge_method S256.")
+        if data.get("code_challenge_method") != "S256":
+            raise InvalidRequestError("Only code_challenge_method S256 is supported.")
+        super().validate_code_challenge(grant, redirect_uri)
+
+
+@dataclass(frozen=True)
+class Consented:
+    """The signed-in user's allow, with the connection it made."""
+
+    user: User
+    grant: OAuthGrant
+
+    @property
+    def id(self) -> int:
+        return self.user.id
+
+
+class CodeGrant(grants.AuthorizationCodeGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = AUTH_METHODS
+
+    def validate_authorization_request(self) -> str:
+        redirect_uri = super().validate_authorization_request()
+        try:
+            self.request.resource = _resource_asked()
+        except OAuth2Error as error:
+            error.redirect_uri = redirect_uri
+            raise
+        return redirect_uri
+
+    def generate_authorization_code(self) -> str:
+        return services.new_secret(services.CODE_PREFIX)
+
+    def save_authorization_code(self, code: str, request: Any) -> None:
+        consented: Consented = request.user
+        services.issue_code(
+            db.session, consented.grant, code, redirect_uri=request.payload.redirect_uri
+            or request.client.get_default_redirect_uri(), scopes=request.scope.split(),
+            challenge=request.payload.data["code_challenge"], method="S256",
+            lifetimes=lifetimes())
+
+    def query_authorization_code(self, code: str, client: OAuthClient) -> OAuthCode | None:
+        found = services.take_code(db.session, code, client)
+        if found is not None:
+            asked = request.form.getlist("resource")
+            if asked and (len(asked) > 1 or asked[0].rstrip("/") != found.resource):
+                raise InvalidTargetError(description="The resource differs from the one "
+                                                     "the code was issued for.")
+        return found
+
+    def delete_authorization_code(self, authorization_code: OAuthCode) -> None:
+        pass  # used up already (take_code): a second use revokes the connection
+
+    def authenticate_user(self, authorization_code: OAuthCode) -> User | None:
+        grant = authorization_code.grant
+        return grant.user if grant.revoked_at is None and grant.user.active else None
+
+
+class RefreshGrant(grants.RefreshTokenGrant):
+    TOKEN_ENDPOINT_AUTH_METHODS = AUTH_METHODS
+    INCLUDE_NEW_REFRESH_TOKEN = True
+
+    def authenticate_refresh_token(self, refresh_token: str) -> OAuthToken | None:
+        return services.find_refresh(db.session, refresh_token, self.request.client)
+
+    def authenticate_user(self, refresh_token: OAuthToken) -> User | None:
+        user = refresh_token.grant.user
+        return user if user.active else None
+
+    def revoke_old_credential(self, refresh_token: OAuthToken) -> None:
+        pass  # spent by save_token, with the new pair stored in the same flush
+
+
+class Revocation(RevocationEndpoint):
+    CLIENT_AUTH_METHODS = AUTH_METHODS
+
+    def query_token(self, token_string: str, token_type_hint: str | None) -> OAuthToken | None:
+        return services.find_token(db.session, token_string)
+
+    def revoke_token(self, token: OAuthToken, request: Any) -> None:
+        services.revoke_token(db.session, token)
+
+
+def save_token(token: dict[str, Any], oauth_request: Any) -> None:
+    found = oauth_request.refresh_token  # set on a refresh, the spent token
+    parent = found if isinstance(found, OAuthToken) else None
+    grant = parent.grant if parent is not None else oauth_request.authorization_code.grant
+    asked = token.get("scope", "").split()
+    services.store_tokens(db.session, grant, access=token["access_token"],
+                          refresh=token.get("refresh_token"), scopes=asked,
+                          lifetimes=lifetimes(), parent=parent)
+    # The response says what the token may do now (asked for, and granted).
+    token["scope"] = " ".join(services.allowed_scopes(asked, grant))
+
+
+def _access_token(client: Any, grant_type: str, user: Any, scope: str) -> str:
+    return services.new_secret(services.ACCESS_PREFIX)
+
+
+def _refresh_token(client: Any, grant_type: str, user: Any, scope: str) -> str:
+    return services.new_secret(services.REFRESH_PREFIX)
+
+
+def _expires_in(client: Any, grant_type: str) -> int:
+    return int(lifetimes().access.total_seconds())
+
+
+def register(metadata: Any) -> tuple[int, dict[str, Any]]:
+    """Dynamic client registration (RFC 7591): the stored client as JSON, or its error."""
+    if not isinstance(metadata, dict):
+        return 400, dict(InvalidClientMetadataError(
+            description="Send the client's metadata as a JSON object.").get_body())
+    try:
+        client, secret = services.register_client(db.session, metadata)
+    except services.ConnectorError as exc:
+        error = InvalidRedirectURIError if exc.field == "redirect_uris" \
+            else InvalidClientMetadataError
+        return 400, dict(error(description=exc.sentence).get_body())
+    body = {"client_id": client.client_id, "client_id_issued_at": int(client.created_at
+                                                                     .timestamp()),
+            "client_name": client.name, "redirect_uris": client.redirect_uris,
+            "grant_types": client.grant_types, "response_types": client.response_types,
+            "token_endpoint_auth_method": client.token_endpoint_auth_method}
+    if client.scope:
+        body["scope"] = client.scope
+    if secret:
+        body.update(client_secret=secret, client_secret_expires_at=0)
+    return 201, body
+
+
+def create_server(app: Flask) -> AuthorizationServer:
+    server = AuthorizationServer(app, query_client=query_client, save_token=save_token)
+    server.register_token_generator(
+        "default", BearerTokenGenerator(_access_token, _refresh_token, _expires_in))
+    server.scopes_supported = list(SCOPES)
+    server.register_grant(CodeGrant, [S256Only(required=True)])
+    server.register_grant(RefreshGrant)
+    server.register_endpoint(Revocation)
+    return server

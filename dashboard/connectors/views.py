@@ -1,0 +1,209 @@
+"""Connected apps on the web: the OAuth endpoints and metadata, the consent page a
+signed-in user answers, and ``/settings/connections`` (what each app may do, what it was
+handed, and one click to cut it off)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+from authlib.oauth2.rfc6749 import OAuth2Error
+from flask import (
+    Blueprint,
+    Flask,
+    abort,
+    current_app,
+    flash,
+    jsonify,
+    make_response,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
+from flask_limiter.util import get_remote_address
+from flask_login import current_user, login_required
+
+from dashboard.audit.services import Actor
+from dashboard.connectors import oauth, services
+from dashboard.extensions import csrf, db
+from dashboard.security import content_security_policy, csp_nonce, get_limiter
+
+log = logging.getLogger(__name__)
+
+bp = Blueprint("connectors", __name__)
+
+def init_oauth(app: Flask) -> None:
+    app.extensions["orbitpilot.oauth"] = oauth.create_server(app)
+    for view in (token, register, revoke_token):
+        csrf.exempt(view)  # clients, not browsers: no cookies, no forms
+
+
+def limit_oauth(app: Flask) -> None:
+    """Per client address: the token and revocation endpoints, and registrations (after
+    ``init_security``, which makes the limiter)."""
+    limiter = get_limiter(app)
+    for endpoint, setting in (("connectors.token", "OAUTH_RATE_LIMIT"),
+                              ("connectors.revoke_token", "OAUTH_RATE_LIMIT"),
+                              ("connectors.register", "OAUTH_REGISTER_LIMIT")):
+        view = app.view_functions[endpoint]
+        app.view_functions[endpoint] = limiter.limit(
+            lambda setting=setting: app.config[setting], key_func=get_remote_address,
+            scope=endpoint)(view)
+
+
+def _server() -> Any:
+    return current_app.extensions["orbitpilot.oauth"]
+
+
+def _json(body: dict[str, Any], status: int = 200):
+    response = jsonify(body)
+    response.status_code = status
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+# -- metadata -------------------------------------------------------------------------------
+
+@bp.get("/.well-known/oauth-authorization-server")
+def authorization_server_metadata():
+    """RFC 8414: where to authorise, exchange, register and revoke."""
+    return jsonify(oauth.authorization_server_metadata())
+
+
+@bp.get("/.well-known/oauth-protected-resource")
+@bp.get("/.well-known/oauth-protected-resource/mcp")
+def protected_resource_metadata():
+    """RFC 9728: the MCP endpoint, and which authorization server issues its tokens."""
+    return jsonify(oauth.protected_resource_metadata())
+
+
+# -- the client endpoints -------------------------------------------------------------------
+
+@bp.post("/oauth/token")
+def token():
+    """Exchange a code (with its PKCE verifier) or a refresh token for tokens."""
+    try:
+        response = _server().create_token_response()
+    except services.ConnectorError as exc:
+        db.session.rollback()
+        return _json({"error": "invalid_request", "error_description": exc.sentence}, 400)
+    # Commit either way: an error may have revoked a connection (a code or refresh
+    # token used twice), which must hold; nothing else is written on an error.
+    db.session.commit()
+    return response
+
+
+@bp.post("/oauth/register")
+def register():
+    """Dynamic client registration (RFC 7591)."""
+    status, body = oauth.register(request.get_json(silent=True))
+    if status == 201:
+        db.session.commit()
+    return _json(body, status)
+
+
+@bp.post("/oauth/revoke")
+def revoke_token():
+    """RFC 7009: a client gives a token back."""
+    response = _server().create_endpoint_response("revocation")
+    db.session.commit()
+    return response
+
+
+# -- consent --------------------------------------------------------------------------------
+
+def _authorize_error(error: OAuth2Error):
+    """A request that names a client we know and one of its redirect URIs goes back there
+    with the error; any other is answered here, never sent anywhere."""
+    db.session.rollback()
+    if getattr(error, "redirect_uri", None):
+        return _server().handle_error_response(None, error)
+    return render_template("connectors/authorize_error.html",
+                           sentence=error.description or error.error), 400
+
+
+def form_source(uri: str) -> tuple[str, ...]:
+    """The CSP source of a redirect URI: its origin (web), or its scheme (an app's)."""
+    parts = urlsplit(uri)
+    source = f"{parts.scheme}://{parts.netloc}" if parts.scheme in ("http", "https") \
+        else f"{parts.scheme}:"
+    return (source,) if source.isascii() and not any(c in source for c in " ;,'\"") else ()
+
+
+@bp.route("/oauth/authorize", methods=["GET", "POST"])
+@login_required
+def authorize():
+    """GET shows the consent page; POST (CSRF-protected) records the answer and sends
+    the user back to the app with a code, or with access_denied."""
+    server = _server()
+    try:
+        grant = server.get_consent_grant(end_user=current_user)
+    except OAuth2Error as error:
+        return _authorize_error(error)
+    client = grant.request.client
+    scopes = grant.request.scope.split()
+    resource = oauth.mcp_resource()
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
+        existing = services.live_grant(db.session, current_user.id, client, resource)
+        response = make_response(render_template(
+            "connectors/authorize.html", client=client, scopes=scopes,
+            words=services.SCOPE_WORDS, granted=services.grantable(scopes, existing),
+            redirect_host=urlsplit(grant.redirect_uri).netloc or grant.redirect_uri,
+            redirect_uri=grant.redirect_uri, action=request.full_path,
+            unverified=client.kind == "registered"))
+        response.headers["Cache-Control"] = "no-store"
+        # The answer redirects to the app: the policy lets this form go there.
+        response.headers["Content-Security-Policy"] = content_security_policy(
+            csp_nonce(), form_source(grant.redirect_uri))
+        return response
+    allowed = request.form.get("decision") == "allow"
+    connection = services.consent(db.session, user=current_user, client=client,
+                                  scopes=scopes, resource=resource, allowed=allowed)
+    grant_user = oauth.Consented(current_user, connection) if connection else None
+    response = server.create_authorization_response(grant=grant, grant_user=grant_user)
+    db.session.commit()
+    return response
+
+
+# -- the user's connected apps --------------------------------------------------------------
+
+@bp.get("/settings/connections/")
+@login_required
+def connections():
+    """Every app the user authorised: what it may do, when, how often, and what it read."""
+    return render_template("connectors/connections.html",
+                           connections=services.connections_of(db.session, current_user.id),
+                           words=services.SCOPE_WORDS)
+
+
+@bp.get("/settings/connections/<int:grant_id>")
+@login_required
+def connection(grant_id: int):
+    grant = _own(grant_id)
+    return render_template("connectors/connection.html", grant=grant, client=grant.client,
+                           log=services.access_log(db.session, grant.id),
+                           words=services.SCOPE_WORDS)
+
+
+@bp.route("/settings/connections/<int:grant_id>/revoke", methods=["GET", "POST"])
+@login_required
+def revoke(grant_id: int):
+    """GET asks; POST cuts the app off: its very next call fails."""
+    grant = _own(grant_id)
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
+        return render_template("connectors/revoke.html", grant=grant, client=grant.client)
+    if services.revoke_grant(db.session, grant, actor=Actor.of(current_user), by="user"):
+        flash(f"{grant.client.name} is disconnected. Its next call will fail.", "success")
+    else:
+        flash(f"{grant.client.name} was disconnected already.", "info")
+    db.session.commit()
+    return redirect(url_for("connectors.connections"))
+
+
+def _own(grant_id: int):
+    try:
+        return services.find_connection(db.session, current_user.id, grant_id)
+    except services.ConnectionNotFound as exc:
+        abort(404, exc.sentence)
