@@ -140,7 +140,7 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         return run("save_memory", WRITE, work)
 
     @server.tool(annotations=ToolAnnotations(title="Search memory", readOnlyHint=True,
-                                             idempotentHint=True))
+                                             destructiveHint=False, idempotentHint=True))
     def search_memory(
         query: Annotated[str, Field(description="What to recall, in words.")],
         k: Annotated[int, Field(ge=1, le=services.MAX_RECALL_K,
@@ -159,7 +159,7 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         return run("search_memory", READ, work, handed)
 
     @server.tool(annotations=ToolAnnotations(title="List memories", readOnlyHint=True,
-                                             idempotentHint=True))
+                                             destructiveHint=False, idempotentHint=True))
     def list_memories(
         status: Annotated[Literal["active", "deleted", "redacted"] | None,
                           Field(description="Only memories in this state.")] = None,
@@ -175,7 +175,7 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         return run("list_memories", READ, work, lambda r: saved_items(r["items"]))
 
     @server.tool(annotations=ToolAnnotations(title="Get a memory", readOnlyHint=True,
-                                             idempotentHint=True))
+                                             destructiveHint=False, idempotentHint=True))
     def get_memory(memory_id: Annotated[str, Field(description="The memory's id.")]
                    ) -> dict[str, Any]:
         """One saved memory by its id."""
@@ -231,7 +231,7 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
 
     @server.tool(name="memory_status",
                  annotations=ToolAnnotations(title="Memory status", readOnlyHint=True,
-                                             idempotentHint=True))
+                                             destructiveHint=False, idempotentHint=True))
     def memory_status_tool() -> dict[str, Any]:
         """Which of the user's sources their memory holds, each in the sentence the
         Memory Status page shows, and when it was last built."""

@@ -36,10 +36,10 @@ pytestmark = pytest.mark.processes  # a served app, a real worker
 
 FACT = "Prefers aisle seats on long flights."
 ANNOTATIONS = {  # tool: (readOnlyHint, destructiveHint, idempotentHint)
-    "save_memory": (False, False, False), "search_memory": (True, None, True),
-    "list_memories": (True, None, True), "get_memory": (True, None, True),
+    "save_memory": (False, False, False), "search_memory": (True, False, True),
+    "list_memories": (True, False, True), "get_memory": (True, False, True),
     "update_memory": (False, False, True), "forget_memory": (False, True, False),
-    "restore_memory": (False, False, False), "memory_status": (True, None, True),
+    "restore_memory": (False, False, False), "memory_status": (True, False, True),
 }
 
 
