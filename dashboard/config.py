@@ -49,6 +49,9 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "SECRET_KEY": _env("SECRET_KEY", None) or _instance_secret_key(instance_path),
         # Which embedder builds use: "hashing" (default, no download) or "minilm".
         "EMBEDDER": _env("EMBEDDER", "hashing"),
+        # Recall's cut: chunks farther from the query (cosine distance) are no match.
+        # Unset: the embedder's own, calibrated by bench/recall.py.
+        "RECALL_MAX_DISTANCE": _env("RECALL_MAX_DISTANCE", None, float),
         # Where embedded servers keep their data; defaults to the app's instance folder.
         "EMBEDDED_DIR": _env("ORBITPILOT_EMBEDDED_DIR", str(instance_path / "services")),
         # Name of the database created on the embedded server.

@@ -28,7 +28,13 @@ from dashboard.connectors import services as connections
 from dashboard.extensions import db
 from dashboard.memories import services
 from dashboard.memories.keys import authenticate_key
-from dashboard.memory import embedder_model_name, get_embedder, memory_status, settings_from
+from dashboard.memory import (
+    embedder_model_name,
+    get_embedder,
+    match_distance,
+    memory_status,
+    settings_from,
+)
 from dashboard.plans.services import UserPlans, resolve_build_sources
 from dashboard.refusals import Refusal
 from dashboard.sources import SAVED
@@ -150,8 +156,11 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         records, each with its id, source and distance (smaller is closer)."""
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
             embedder = get_embedder(app.config["EMBEDDER"])
-            hits = services.recall(session, user.id, query, k, embedder=embedder)
-            return {"results": [dataclasses.asdict(hit) for hit in hits]}
+            hits = services.recall(session, user.id, query, k, embedder=embedder,
+                                   max_distance=match_distance(
+                                       embedder, app.config["RECALL_MAX_DISTANCE"]))
+            return {"results": [dataclasses.asdict(hit) for hit in hits],
+                    "notice": None if hits else services.NO_MATCH}
 
         def handed(result: dict[str, Any]) -> list[connections.Handed]:
             return [connections.Handed(hit["source_key"], hit["source_id"], hit["memory_id"])

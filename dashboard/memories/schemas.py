@@ -198,7 +198,9 @@ class RecallHit(BaseModel):
 
 
 class SearchOut(BaseModel):
-    results: list[RecallHit]
+    results: list[RecallHit] = Field(description="Nearest first; none farther than the "
+                                                 "recall cut (RECALL_MAX_DISTANCE).")
+    notice: str | None = Field(description="When nothing matches: a sentence saying so.")
 
 
 class RemovedCounts(BaseModel):

@@ -50,6 +50,8 @@ REDACTED = "[REDACTED]"
 DEFAULT_PAGE_SIZE = 20
 MAX_PAGE_SIZE = 100
 MAX_RECALL_K = 50
+NO_MATCH = ("No memory matches this closely enough: nothing saved or remembered is about "
+            "it, as far as a search can tell.")
 
 FORGET_MODES = ("soft_delete", "redact", "hard_delete")
 # The scope each mode needs: restoring undoes a soft delete, so it is the same scope.
@@ -573,13 +575,13 @@ class Recalled:
     chunk_index: int
 
 
-def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Embedder
-           ) -> list[Recalled]:
+def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Embedder,
+           max_distance: float | None = None) -> list[Recalled]:
     """Top-k over the owner's chunks (every source), each naming where it came from; a
     query with nothing to search on is refused (``NothingToSearch``, field "query")."""
     query = check_content(query, "query")
     hits = search_memory(session, owner_id, query, max(1, min(int(k), MAX_RECALL_K)),
-                         embedder=embedder)
+                         embedder=embedder, max_distance=max_distance)
     saved_ids = [parse_memory_id(h.source_id) for h in hits if h.source_key == SAVED]
     origins: dict[str, str] = {}
     if saved_ids:

@@ -14,6 +14,7 @@ from dashboard.memory.embedders import (
     Embedder,
     embedder_model_name,
     get_embedder,
+    match_distance,
     preload_embedder,
 )
 from dashboard.memory.locks import BuildsBusy, forget_chunks, wait_for_builds
@@ -54,5 +55,6 @@ __all__ = [
     "sweep_builds",
     # what they run with
     "BuildQueue", "Embedder", "EngineSettings", "MemoryBuild", "MemoryChunk", "MemoryState",
-    "bind_queue", "embedder_model_name", "get_embedder", "preload_embedder", "settings_from",
+    "bind_queue", "embedder_model_name", "get_embedder", "match_distance", "preload_embedder",
+    "settings_from",
 ]

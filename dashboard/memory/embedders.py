@@ -22,6 +22,9 @@ from dashboard.memory.models import EMBEDDING_DIMENSIONS
 class Embedder(Protocol):
     name: str
     dimensions: int
+    # The cosine distance beyond which a chunk is no match for a query (calibrated on
+    # bench/data/recall_set.json by bench/recall.py); an embedder without one cuts nothing.
+    match_distance: float | None
 
     def embed(self, texts: list[str]) -> np.ndarray:
         """One L2-normalised float32 row per text."""
@@ -38,6 +41,8 @@ _STOPWORDS = frozenset({
 class HashingEmbedder:
     name = "hashing-v1"
     dimensions = EMBEDDING_DIMENSIONS
+    # Lexical: a chunk sharing no word with the query is orthogonal to it (1.0).
+    match_distance = 0.99
     # Tokens whose hash slot is remembered (chat text repeats its words and pairs); the
     # memo starts again when full, so a long-lived worker's memory stays bounded.
     MEMO_SIZE = 200_000
@@ -105,6 +110,8 @@ def available_cpus() -> int:
 class MiniLMEmbedder:
     name = "all-MiniLM-L6-v2"
     dimensions = EMBEDDING_DIMENSIONS
+    # 74% of the set's no-answer queries find no match; recall@3 0.86 -> 0.70 within it.
+    match_distance = 0.65
 
     def __init__(self, *, threads: int | None = None,
                  batch_size: int = MINILM_BATCH_SIZE) -> None:
@@ -180,6 +187,13 @@ def embedder_model_name(setting: str) -> str:
         return _factory(setting).name
     except ValueError:
         return setting
+
+
+def match_distance(embedder: Embedder, configured: float | None = None) -> float | None:
+    """The distance cut for recall: RECALL_MAX_DISTANCE if set, else the embedder's own."""
+    if configured is not None:
+        return configured
+    return getattr(embedder, "match_distance", None)
 
 
 def get_embedder(name: str) -> Embedder:

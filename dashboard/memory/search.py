@@ -97,8 +97,9 @@ def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hi
 
 
 def search_memory(session: Session, user_id: int, query: str, k: int, *,
-                  embedder: Embedder) -> list[Hit]:
-    """The k chunks of ``user_id`` nearest to ``query``, nearest first.
+                  embedder: Embedder, max_distance: float | None = None) -> list[Hit]:
+    """The k chunks of ``user_id`` nearest to ``query``, nearest first, none farther than
+    ``max_distance`` (farther is no match: strangers are not presented as memories).
 
     A query the embedder gives no direction (the zero vector: only punctuation or stop
     words for the hashing one) is refused with ``NothingToSearch``; a chunk it gives none
@@ -112,11 +113,16 @@ def search_memory(session: Session, user_id: int, query: str, k: int, *,
     ann = session.scalar(select(MemoryChunk.ann).where(MemoryChunk.user_id == user_id)
                          .limit(1))
     if not ann:
-        return _finite(_exact(session, user_id, vector, k))
+        return _near(_exact(session, user_id, vector, k), max_distance)
     hits = _hnsw(session, user_id, vector, k)
     if len(hits) < k:
         hits = _exact(session, user_id, vector, k)
-    return _finite(hits)
+    return _near(hits, max_distance)
+
+
+def _near(hits: list[Hit], max_distance: float | None) -> list[Hit]:
+    hits = _finite(hits)
+    return hits if max_distance is None else [h for h in hits if h.distance <= max_distance]
 
 
 def _finite(hits: list[Hit]) -> list[Hit]:

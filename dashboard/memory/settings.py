@@ -26,6 +26,7 @@ class EngineSettings:
     schedule_margin_seconds: float = 60.0
     fanout_batch: int = 500
     ann_min_chunks: int = DEFAULT_ANN_MIN_CHUNKS
+    recall_max_distance: float | None = None  # None: the embedder's own cut
     # Jobs pushed to RQ: how long their results and failures are kept.
     result_ttl: int = field(default=3600)
     failure_ttl: int = field(default=7 * 24 * 3600)
@@ -47,4 +48,5 @@ def settings_from(config: Mapping[str, Any]) -> EngineSettings:
         schedule_margin_seconds=config["BUILD_SCHEDULE_MARGIN_SECONDS"],
         fanout_batch=config["BUILD_FANOUT_BATCH"],
         ann_min_chunks=config["ANN_MIN_CHUNKS"],
+        recall_max_distance=config.get("RECALL_MAX_DISTANCE"),
     )

@@ -259,11 +259,13 @@ def clean_message(text: Any) -> str:
 
 
 def memory_hits(session: Session, user_id: int, query: str, *, embedder: Embedder,
-                k: int = DEFAULT_MEMORY_K) -> tuple[MemoryHit, ...]:
+                k: int = DEFAULT_MEMORY_K, max_distance: float | None = None
+                ) -> tuple[MemoryHit, ...]:
     """The chunks nearest the message; none when it has nothing to search on ("!!!"):
     the reply still comes, drawing on no memory."""
     try:
-        hits = search_memory(session, user_id, query, k, embedder=embedder)
+        hits = search_memory(session, user_id, query, k, embedder=embedder,
+                             max_distance=max_distance)
     except NothingToSearch:
         return ()
     return tuple(
@@ -294,6 +296,7 @@ def send_message(
     responder: Any,
     embedder: Embedder | None = None,
     memory_k: int = DEFAULT_MEMORY_K,
+    max_distance: float | None = None,
 ) -> Exchange:
     """Store the user's turn, ask the responder, store its reply.
 
@@ -327,7 +330,8 @@ def send_message(
 
         turns = tuple(Turn(m.role, m.content, m.id, bool(m.not_remembered))
                       for m in [*earlier, question])
-        hits = memory_hits(session, user_id, text, embedder=embedder, k=memory_k) \
+        hits = memory_hits(session, user_id, text, embedder=embedder, k=memory_k,
+                           max_distance=max_distance) \
             if embedder is not None and memory_k > 0 else ()
         reply = _respond(responder, ResponderContext(turns, hits, guest=False))
 

@@ -29,7 +29,7 @@ from sqlalchemy import inspect as sa_inspect
 from dashboard.errors import TITLES, problem, refusal_status, wants_json
 from dashboard.extensions import db, login_manager
 from dashboard.ids import parse_id
-from dashboard.memory import get_embedder
+from dashboard.memory import get_embedder, match_distance
 from dashboard.orbitpilot import services
 from dashboard.orbitpilot.responder import DEFAULT_MEMORY_K, DEFAULT_RESPONDER, load_responder
 from dashboard.orbitpilot.services import ChatError, ChatMemory, Exchange
@@ -221,7 +221,9 @@ def send():
     try:
         exchange = services.send_message(
             db.session, user_id=current_user.id, text=text, conversation_id=conversation_id,
-            responder=_responder(), embedder=embedder, memory_k=_memory_k())
+            responder=_responder(), embedder=embedder, memory_k=_memory_k(),
+            max_distance=match_distance(embedder, current_app.config["RECALL_MAX_DISTANCE"])
+            if embedder is not None else None)
     except Refusal as exc:
         return _send_refused(exc, text, conversation_id)
     memory = _chat_memory()

@@ -272,13 +272,23 @@ def test_patch_of_a_deleted_memory_is_409(api):
 
 # -- recall ----------------------------------------------------------------------------------
 
+def test_a_search_that_matches_nothing_says_so(api, owner, db_session):
+    api.post("/v1/memories", json={"content": "Prefers aisle seats on long flights."})
+    build(db_session, owner)
+    near = api.post("/v1/memories/search", json={"query": "aisle seats", "k": 3}).get_json()
+    assert len(near["results"]) == 1 and near["notice"] is None
+    response = api.post("/v1/memories/search", json={"query": "passport renewal", "k": 3})
+    assert response.status_code == 200
+    assert response.get_json() == {"results": [], "notice": services.NO_MATCH}
+
+
 def test_search_names_the_client_and_the_memory(api, owner, db_session):
     memory = save(api, "Flies with ChatGPT's help to Lisbon.", source="chatgpt")
     build(db_session, owner, commit=True)
     response = api.post("/v1/memories/search", json={"query": "Lisbon flights", "k": 3})
     assert response.status_code == 200
     body = response.get_json()
-    assert set(body) == {"results"}
+    assert set(body) == {"results", "notice"} and body["notice"] is None  # it matched
     hit = next(h for h in body["results"] if h["memory_id"] == memory["id"])
     assert set(hit) == {"content", "distance", "source_key", "source", "memory_id",
                         "source_id", "chunk_index"}

@@ -270,3 +270,47 @@ def test_semantic_fixture_with_minilm(db_session):
     assert hits[0].content.startswith("I adopted a puppy")
     hits = search_memory(db_session, user.id, "food I must avoid", 1, embedder=embedder)
     assert hits[0].content == "I am allergic to peanuts."
+
+
+def test_a_chunk_farther_than_the_cut_is_no_match(db_session):
+    """A chunk sharing nothing with the query is not presented as a memory of it."""
+    embedder = HashingEmbedder()
+    user = memories_user(db_session, LEXICAL)
+    run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    query = "passport renewal"  # no word of any memory
+    assert len(search_memory(db_session, user.id, query, 3, embedder=embedder)) == 3
+    assert search_memory(db_session, user.id, query, 3, embedder=embedder,
+                         max_distance=embedder.match_distance) == []
+    near = search_memory(db_session, user.id, "when is standup?", 3, embedder=embedder,
+                         max_distance=embedder.match_distance)
+    assert near and all(h.distance <= embedder.match_distance for h in near)
+    assert near[0].content.startswith("Standup happens")
+
+
+def test_the_cut_is_the_embedders_unless_configured(app):
+    from dashboard.memory import match_distance, settings_from
+
+    assert match_distance(HashingEmbedder()) == HashingEmbedder.match_distance == 0.99
+    assert match_distance(HashingEmbedder(), 0.5) == 0.5
+    assert settings_from({**app.config, "RECALL_MAX_DISTANCE": 0.7}).recall_max_distance == 0.7
+
+
+@requires_ml
+def test_minilm_finds_what_a_person_means_and_says_no_match_to_the_rest(db_session):
+    """The README's example: the saved memory is the first hit for the words it uses and
+    for a paraphrase, and a question about something never saved matches nothing."""
+    from dashboard.memory.embedders import MiniLMEmbedder, get_embedder
+
+    embedder = get_embedder("minilm")
+    user = memories_user(db_session, [
+        "Prefers aisle seats on long flights.",
+        "The quarterly tax filing is due in April.",
+        "I adopted a puppy named Rex last spring.",
+    ])
+    run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    cut = MiniLMEmbedder.match_distance
+    for query in ("seat preference", "what do I like on planes"):
+        hits = search_memory(db_session, user.id, query, 3, embedder=embedder, max_distance=cut)
+        assert hits[0].content == "Prefers aisle seats on long flights.", query
+    assert search_memory(db_session, user.id, "what is my blood type", 3, embedder=embedder,
+                         max_distance=cut) == []

@@ -273,8 +273,9 @@ def test_the_builtin_responder_says_what_it_drew_on(client, db_session, auth, re
     context = recorded[-1]
     assert [t.content for t in context.turns] == [
         "Where do I live? Lisbon?", first["reply"]["content"], "And trams?"]
-    # The user has two chunks (the profile and one chat pair); k is 3.
-    assert len(context.memory) == 2 and not context.guest
+    # The user has two chunks (the profile and one chat pair); k is 3, but only the pair
+    # is near "And trams?": the profile shares nothing with it, and is no match.
+    assert [hit.source_key for hit in context.memory] == [CHAT_HISTORY] and not context.guest
     labels = list(dict.fromkeys(hit.label for hit in context.memory))
     assert {hit.source_key for hit in context.memory} <= {PROFILE, CHAT_HISTORY}
     assert second["drew_on"] == {"earlier_turns": 2, "sources": labels,
