@@ -1,17 +1,14 @@
-"""Recall quality: does search find what a person means? On the labelled set written for
-this product (bench/data/recall_set.json: memories of the kinds users save, and queries
-worded differently from what they should find, some with no right answer).
+"""Recall quality: does search find what a person means? On the labelled set in
+bench/data/recall_set.json (memories of the kinds users save; queries worded differently
+from their answer, some with no right answer).
 
     .venv/bin/python bench/recall.py                      # every embedder available
     .venv/bin/python bench/recall.py --embedders hashing
 
-Per embedder: recall@1/@3/@10 and MRR over the answered queries, texts/s embedding the
-set, and for the distance threshold a search applies (``RECALL_MAX_DISTANCE``, or
-``--threshold``): the share of no-answer queries answered "no match" and what that costs
-(answered queries whose right memory is cut off). Then a sweep of thresholds to choose
-one from. Search is exact cosine here, as the product's exact path is (the same order).
-Also printed: the share of answered queries that share no content word with their
-answer. Nothing here passes or fails."""
+Per embedder: recall@1/@3/@10 and MRR, texts/s, and for the distance cut a search applies
+(``RECALL_MAX_DISTANCE`` or ``--threshold``) the share of no-answer queries answered "no
+match" and what it costs; then a sweep of cuts, and the share of queries that share no
+content word with their answer. Nothing here passes or fails."""
 
 from __future__ import annotations
 

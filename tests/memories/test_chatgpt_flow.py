@@ -44,6 +44,11 @@ def ask(client, text: str) -> dict:
     return response.get_json()
 
 
+# Shares "units" with the preference: the test embedder is lexical, and a question with
+# nothing in common with it is, rightly, no match.
+QUESTION = "Which units should you use when you give me distances?"
+
+
 def saved_hits(context) -> list[str]:
     return [hit.content for hit in context.memory if hit.source_key == SAVED]
 
@@ -73,7 +78,7 @@ def test_save_build_recall_forget_not_recalled(app, connector):
     chat = app.test_client()
     assert AuthActions(chat).login(user.email).status_code == 302
     recording.RECORDED.clear()
-    first = ask(chat, "How should you format distances for me?")
+    first = ask(chat, QUESTION)
     assert saved_hits(recording.RECORDED[-1]) == [preference]
     assert get_source(SAVED).label in first["reply"]["content"]
 
@@ -81,7 +86,7 @@ def test_save_build_recall_forget_not_recalled(app, connector):
     assert forgotten.status_code == 200, forgotten.get_data(as_text=True)
     assert forgotten.get_json()["receipt"]["removed"]["chunks"] >= 1
 
-    second = ask(chat, "How should you format distances for me?")
+    second = ask(chat, QUESTION)
     assert saved_hits(recording.RECORDED[-1]) == []
     assert get_source(SAVED).label not in second["reply"]["content"]
     with app.app_context():
