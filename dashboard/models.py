@@ -14,7 +14,7 @@ from dashboard.documents.models import Document
 from dashboard.leases import MaintenanceLease
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import MemoryBuild, MemoryChunk
-from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
+from dashboard.orbitpilot.models import Conversation, Message, ProfileFact, ReplyRecall
 from dashboard.plans.models import Plan, SourceAssignment
 
 __all__ = [

@@ -7,6 +7,7 @@ from sqlalchemy import (
     Boolean,
     CheckConstraint,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -98,3 +99,28 @@ class Message(db.Model):
     updated_at: Mapped[datetime] = updated_at_column()
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
+
+
+class ReplyRecall(db.Model):
+    """One memory chunk a reply was handed ("Drew on"), in the owner's own data: ids and
+    the distance, never a copy of the text (a page reads it from memory, so an item
+    forgotten since leaves the list with its chunks)."""
+
+    __tablename__ = "reply_recalls"
+    __table_args__ = (UniqueConstraint("message_id", "rank"),
+                      Index("ix_reply_recalls_user_id_source", "user_id", "source_key",
+                            "source_id"))
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"))
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    rank: Mapped[int] = mapped_column(Integer)
+    source_key: Mapped[str] = mapped_column(String(64))
+    source_id: Mapped[str] = mapped_column(String(128))
+    # No foreign key: builds delete chunks by the thousand, and a rebuild replaces an
+    # item's chunk; a page finds the item's current chunk by (source_key, source_id).
+    chunk_id: Mapped[int] = mapped_column(BigInteger)
+    distance: Mapped[float] = mapped_column(Float)
+    not_relevant: Mapped[bool] = mapped_column(Boolean, default=False,
+                                               server_default="false")
+    created_at: Mapped[datetime] = created_at_column()

@@ -1,7 +1,7 @@
 """What answers in the chat: a responder is any callable taking a ``ResponderContext`` and
 returning a ``Reply``, named by ``ORBITPILOT_RESPONDER`` (a dotted path; a class is made
 once). The context holds every turn of the conversation, those marked "Not remembered"
-too. The built-in one needs no network or model and says what it drew on."""
+too. The built-in one needs no network or model and answers from what recall found."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ class MemoryHit:
     source_id: str
     content: str
     distance: float
+    chunk_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Responder(Protocol):
     def __call__(self, context: ResponderContext) -> Reply: ...
 
 
-def _one_line(text: str, limit: int = QUOTE_CHARS) -> str:
+def one_line(text: str, limit: int = QUOTE_CHARS) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
@@ -98,17 +99,42 @@ def drew_on_sentence(earlier_turns: int, labels: list[str], hits: int) -> str:
     return f"I drew on {' and '.join(parts)}."
 
 
+# How the built-in responder names what it recalled, by source key (unknown: its label).
+RECALLED_AS = {
+    "xmemo.saved": "your saved memory", "blink.blinks": "a Blink",
+    "docs.documents": "a document", "orbitpilot.profile": "your profile",
+    "orbitpilot.chat_history": "an earlier conversation",
+}
+# Chat pairs are named, never quoted: a reply is remembered with its question, so a quote
+# of a pair marked "Not remembered" later would outlive the flag there.
+UNQUOTED = frozenset({"orbitpilot.chat_history"})
+NOTHING_RELEVANT = "I found nothing in your memory that bears on this."
+
+
+def recalled_line(hit: MemoryHit) -> str:
+    """One recalled item as the reply cites it: what it is, and its words."""
+    kind = RECALLED_AS.get(hit.source_key, hit.label)
+    if hit.source_key in UNQUOTED:
+        return f"• From {kind} (linked below)."
+    return f"• From {kind}: “{one_line(hit.content)}”"
+
+
 class BuiltinResponder:
-    """The offline default. It quotes only the message it answers: never an earlier turn
-    nor a memory chunk, which may hold a turn marked "Not remembered" since (a reply is
-    remembered with its own question, so a copy there would outlive the flag)."""
+    """The offline default: it answers from what recall handed it (quoting saved items,
+    naming earlier conversations), says so when nothing relevant came back, and quotes no
+    earlier turn of this conversation."""
 
     def __call__(self, context: ResponderContext) -> Reply:
         earlier = len(context.earlier_turns)
         labels = _labels_in_order(context.memory)
-        lines = [f"You said: “{_one_line(context.message.content)}”"]
+        lines = [f"You said: “{one_line(context.message.content)}”"]
         if context.guest:
             lines.append("I remember nothing between visits while you are signed out.")
+        elif context.memory:
+            lines.append("From what I remember of you:")
+            lines.extend(recalled_line(hit) for hit in context.memory)
+        else:
+            lines.append(NOTHING_RELEVANT)
         lines.append(drew_on_sentence(earlier, labels, len(context.memory)))
         return Reply("\n".join(lines), {"earlier_turns": earlier, "sources": labels,
                                         "memory_items": len(context.memory)})
@@ -116,12 +142,17 @@ class BuiltinResponder:
 
 @lru_cache(maxsize=16)
 def load_responder(path: str) -> Callable[[ResponderContext], Reply]:
-    """The responder a dotted path names; a class is instantiated once."""
+    """The responder a dotted path (or an alias: "builtin", "openai") names; a class is
+    instantiated once."""
+    aliases = {"builtin": DEFAULT_RESPONDER,
+               "openai": "dashboard.orbitpilot.openai_responder.OpenAIResponder"}
+    path = aliases.get(path.strip(), path)
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
     if not module_name or not attr:
-        raise ValueError(f"ORBITPILOT_RESPONDER must be a dotted path, not {path!r}")
+        raise ValueError(f"ORBITPILOT_RESPONDER must be a dotted path or an alias "
+                         f"({', '.join(sorted(aliases))}), not {path!r}")
     target = getattr(importlib.import_module(module_name), attr)
     responder = target() if isinstance(target, type) else target
     if not callable(responder):

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from dashboard.audit.services import Actor, changes, record_event
 from dashboard.blinks.models import Blink
@@ -26,23 +26,26 @@ from dashboard.memory import (
     BuildRequest,
     Embedder,
     MemoryBuild,
+    MemoryChunk,
     NothingToSearch,
     request_build,
     request_builds,
     search_memory,
 )
-from dashboard.orbitpilot.models import Conversation, Message
+from dashboard.orbitpilot.models import Conversation, Message, ReplyRecall
 from dashboard.orbitpilot.responder import (
     DEFAULT_MEMORY_K,
+    RECALLED_AS,
     MemoryHit,
     Reply,
     ResponderContext,
     Turn,
+    one_line,
 )
 from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_sentence
 from dashboard.plans.services import Resolution, UserPlans, get_user_plan, resolve_sources
 from dashboard.refusals import Conflict, Failed, NotFound, Refusal
-from dashboard.sources import CHAT_HISTORY, get_source, source_keys
+from dashboard.sources import CHAT_HISTORY, PROFILE, get_source, source_keys
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +61,7 @@ GUEST_TURN_CHARS = 300
 # the ~4 KB a browser keeps of a cookie, after signing.
 GUEST_SESSION_BYTES = 2500
 
+DREW_ON_TITLE_CHARS = 80
 NOT_REMEMBERED_LABEL = "Not remembered"
 REMEMBERED_LABEL = "Remembered"
 REMEMBER_TOGGLE_ACTION = "message.remember_toggle"
@@ -140,11 +144,13 @@ class ShownMessage:
     content: str
     not_remembered: bool = False
     conversation_id: int | None = None
+    # A reply's "Drew on": what it was handed that is still in memory, in rank order.
+    drew_on: tuple[DrewOn, ...] = ()
 
     @classmethod
-    def of(cls, message: Message) -> ShownMessage:
+    def of(cls, message: Message, drew_on: tuple[DrewOn, ...] = ()) -> ShownMessage:
         return cls(message.id, message.role, message.content, bool(message.not_remembered),
-                   message.conversation_id)
+                   message.conversation_id, drew_on)
 
     @property
     def label(self) -> str:
@@ -153,6 +159,34 @@ class ShownMessage:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "role": self.role, "content": self.content,
                 "not_remembered": self.not_remembered}
+
+
+@dataclass(frozen=True)
+class DrewOn:
+    """One item a reply drew on, as the page shows it (``item`` is its words, read from
+    memory now; ``message_id``: for a chat pair, the user turn it stands for)."""
+
+    recall_id: int
+    source_key: str
+    source_id: str
+    distance: float
+    item: str
+    message_id: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return RECALLED_AS.get(self.source_key, self.source_key)
+
+    @property
+    def title(self) -> str:
+        first = next((line for line in self.item.splitlines() if line.strip()), "")
+        if self.source_key == CHAT_HISTORY and first.startswith("User: "):
+            first = first[len("User: "):]
+        return "" if self.source_key == PROFILE else one_line(first, DREW_ON_TITLE_CHARS)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.recall_id, "source": self.source_key, "item_id": self.source_id,
+                "distance": round(self.distance, 4), "kind": self.kind, "title": self.title}
 
 
 @dataclass(frozen=True)
@@ -212,7 +246,67 @@ def conversation_messages(session: Session, conversation_id: int) -> list[ShownM
         select(Message).where(Message.conversation_id == conversation_id)
         .order_by(Message.position)
     ).all()
-    return [ShownMessage.of(m) for m in rows]
+    drew_on = drew_on_of(session, conversation_id) if any(
+        m.role == "assistant" for m in rows) else {}
+    return [ShownMessage.of(m, drew_on.get(m.id, ())) for m in rows]
+
+
+def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn, ...]]:
+    """Each reply's "Drew on" in one query: an item shows while some chunk of it is in
+    memory (its own chunk first), so a forgotten item leaves every list at once; one
+    marked "not relevant" is left out. A chat pair also names its user turn (one query
+    more, only if there is one)."""
+    chunk = aliased(MemoryChunk)
+    item_text = (
+        select(chunk.content)
+        .where(chunk.user_id == ReplyRecall.user_id, chunk.source_key == ReplyRecall.source_key,
+               chunk.source_id == ReplyRecall.source_id)
+        .order_by((chunk.id == ReplyRecall.chunk_id).desc(), chunk.chunk_index)
+        .limit(1).scalar_subquery()
+    )
+    rows = session.execute(
+        select(ReplyRecall.id, ReplyRecall.message_id, ReplyRecall.source_key,
+               ReplyRecall.source_id, ReplyRecall.distance, item_text)
+        .join(Message, Message.id == ReplyRecall.message_id)
+        .where(Message.conversation_id == conversation_id, ReplyRecall.not_relevant.is_(False))
+        .order_by(ReplyRecall.message_id, ReplyRecall.rank)
+    ).all()
+    rows = [row for row in rows if row[5] is not None]
+    turns = _pair_turns(session, {r.source_id for r in rows if r.source_key == CHAT_HISTORY})
+    out: dict[int, list[DrewOn]] = {}
+    for id_, message_id, key, source_id, distance, item in rows:
+        out.setdefault(message_id, []).append(
+            DrewOn(id_, key, source_id, distance, item, turns.get(source_id)))
+    return {message_id: tuple(items) for message_id, items in out.items()}
+
+
+def _pair_turns(session: Session, pair_ids: set[str]) -> dict[str, int]:
+    """The user turn each chat pair ``"<conversation>:<n>"`` stands for (its n-th)."""
+    conversations = {int(p.split(":", 1)[0]) for p in pair_ids if p.split(":", 1)[0].isdigit()}
+    if not conversations:
+        return {}
+    rows = session.execute(
+        select(Message.id, Message.conversation_id).where(
+            Message.conversation_id.in_(conversations), Message.role == "user")
+        .order_by(Message.conversation_id, Message.position)
+    ).all()
+    turns: dict[str, int] = {}
+    counts: dict[int, int] = {}
+    for id_, conversation in rows:
+        n = counts.get(conversation, 0)
+        counts[conversation] = n + 1
+        turns[f"{conversation}:{n}"] = id_
+    return {p: turns[p] for p in pair_ids if p in turns}
+
+
+def mark_not_relevant(session: Session, *, user_id: int, recall_id: Any) -> ReplyRecall:
+    """The owner says one item did not bear on a reply: it leaves that reply's list."""
+    recall = find_owned(session, ReplyRecall, recall_id, user_id, lock=True)
+    if recall is None:
+        raise ChatNotFound("There is no such item under a reply.")
+    recall.not_relevant = True
+    session.flush()
+    return recall
 
 
 @dataclass(frozen=True)
@@ -270,7 +364,7 @@ def memory_hits(session: Session, user_id: int, query: str, *, embedder: Embedde
         return ()
     return tuple(
         MemoryHit(h.source_key, get_source(h.source_key).label if h.source_key in source_keys()
-                  else h.source_key, h.source_id, h.content, float(h.distance))
+                  else h.source_key, h.source_id, h.content, float(h.distance), h.chunk_id)
         for h in hits
     )
 
@@ -340,8 +434,21 @@ def send_message(
         session.add(answer)
         conversation.last_activity_at = func.now()
         session.flush()
+        recalls = [ReplyRecall(message_id=answer.id, user_id=user_id, rank=rank,
+                               source_key=hit.source_key, source_id=hit.source_id,
+                               chunk_id=hit.chunk_id, distance=hit.distance)
+                   for rank, hit in enumerate(hits) if hit.chunk_id is not None]
+        session.add_all(recalls)
+        session.flush()
+    by_id = {hit.chunk_id: hit for hit in hits}
+    drew_on = tuple(DrewOn(r.id, r.source_key, r.source_id, r.distance,
+                           by_id[r.chunk_id].content) for r in recalls)
+    if any(d.source_key == CHAT_HISTORY for d in drew_on):
+        turns = _pair_turns(session, {d.source_id for d in drew_on})
+        drew_on = tuple(replace(d, message_id=turns.get(d.source_id)) for d in drew_on)
     return Exchange(conversation.id, conversation.title, ShownMessage.of(question),
-                    ShownMessage.of(answer), dict(reply.drew_on), new_conversation=new)
+                    ShownMessage.of(answer, drew_on), dict(reply.drew_on),
+                    new_conversation=new)
 
 
 def _respond(responder: Any, context: ResponderContext) -> Reply:

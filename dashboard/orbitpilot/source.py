@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import case, exists, func, select
 from sqlalchemy.orm import Session
 
-from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
+from dashboard.orbitpilot.models import Conversation, Message, ProfileFact, ReplyRecall
 from dashboard.sources import CHAT_HISTORY, PROFILE, Parts, Record, Source, Watch
+
+# What a reply that drew on memory is remembered as, in place of its text.
+DREW_ON_MEMORY = "(answered from your memory)"
 
 
 def extract_profile(session: Session, user_id: int) -> list[Record]:
@@ -39,8 +42,12 @@ def extract_chat_pairs(session: Session, user_id: int,
     nothing but keeps its index, so every other pair keeps its ``source_id`` across builds.
     The reply is the assistant turn whose ``reply_to_id`` names the user turn (the earliest,
     if regenerated); one without a link answers the user turn right before it."""
+    # A reply that drew on memory restates items that are remembered anyway: its pair is
+    # remembered by the question alone, so forgetting an item leaves no copy here.
+    drew_on = exists().where(ReplyRecall.message_id == Message.id)
     query = (
-        select(Message.id, Message.conversation_id, Message.role, Message.content,
+        select(Message.id, Message.conversation_id, Message.role,
+               case((drew_on, DREW_ON_MEMORY), else_=Message.content),
                Message.not_remembered, Message.reply_to_id)
         .where(Message.user_id == user_id)
         .order_by(Message.conversation_id, Message.position)

@@ -25,16 +25,19 @@ from flask import (
 )
 from flask_login import current_user, login_required
 from sqlalchemy import inspect as sa_inspect
+from sqlalchemy import select
 
 from dashboard.errors import TITLES, problem, refusal_status, wants_json
 from dashboard.extensions import db, login_manager
 from dashboard.ids import parse_id
 from dashboard.memory import get_embedder, match_distance
 from dashboard.orbitpilot import services
+from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.responder import DEFAULT_MEMORY_K, DEFAULT_RESPONDER, load_responder
 from dashboard.orbitpilot.services import ChatError, ChatMemory, Exchange
 from dashboard.plans.web import request_plans
 from dashboard.refusals import Refusal
+from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED
 
 bp = Blueprint("orbitpilot", __name__, url_prefix="/orbitpilot")
 
@@ -84,12 +87,40 @@ def _chat_memory() -> ChatMemory:
     return services.get_chat_memory(current_user, request_plans())
 
 
+def drew_on_links(item: services.DrewOn) -> dict[str, Any]:
+    """Where a "Drew on" item lives, and how to forget it: ``forget`` is a POST form's
+    action and fields, or ``forget_page`` a page that asks first (saved memories and
+    documents: a choice of how, or a deletion), or neither (the profile: edit it)."""
+    key, id_ = item.source_key, item.source_id
+    back = request.path if request else None
+    if key == SAVED:
+        return {"url": url_for("memories.detail", memory_id=id_),
+                "forget_page": url_for("memories.forget", memory_id=id_)}
+    if key == BLINKS:
+        return {"url": url_for("blinks.edit", id=id_),
+                "forget": (url_for("blinks.toggle_memory"),
+                           {"blink_id": id_, "excluded": "1", "next": back})}
+    if key == DOCUMENTS:
+        return {"url": url_for("documents.view", id=id_),
+                "forget_page": url_for("documents.delete", id=id_)}
+    if key == CHAT_HISTORY and item.message_id is not None:
+        conversation = id_.split(":", 1)[0]
+        return {"url": url_for("orbitpilot.conversation", conversation_id=conversation)
+                + f"#m{item.message_id}",
+                "forget": (url_for("orbitpilot.orbitpilot_toggle_remember"),
+                           {"message_id": item.message_id, "not_remembered": "1"})}
+    if key == PROFILE:
+        return {"url": url_for("profile.index")}
+    return {}
+
+
 @bp.record_once
 def _register_labels(state: Any) -> None:
     # Globals, not context: the message macro is also rendered on its own (the JSON's html).
     state.app.jinja_env.globals.update(
         ORBITPILOT_NOT_REMEMBERED=services.NOT_REMEMBERED_LABEL,
         ORBITPILOT_REMEMBERED=services.REMEMBERED_LABEL,
+        orbitpilot_drew_on_links=drew_on_links,
     )
 
 
@@ -205,7 +236,9 @@ def _exchange_json(exchange: Exchange, memory: ChatMemory, *, guest: bool) -> di
         "message": exchange.question.to_dict(),
         "reply": reply,
         "honesty_note": note,
-        "drew_on": exchange.drew_on,
+        "drew_on": {**exchange.drew_on,
+                    "items": [{**item.to_dict(), "url": drew_on_links(item).get("url")}
+                              for item in exchange.reply.drew_on]},
         "message_ids": [exchange.question.id, exchange.reply.id],
         "html": html,
     }
@@ -318,3 +351,23 @@ def orbitpilot_catch():
                        title=result.title, label="Saved as a Blink"), 201
     flash("Caught: the reply is saved as a Blink.", "success")
     return redirect(_conversation_url(result.conversation_id, result.message_id), 303)
+
+
+@bp.route("/drew-on/not-relevant/", methods=["POST"])
+def not_relevant():
+    """One item under a reply did not bear on it: it leaves that reply's "Drew on"."""
+    if not current_user.is_authenticated:
+        return _guest_refused()
+    try:
+        recall = services.mark_not_relevant(db.session, user_id=current_user.id,
+                                            recall_id=request.form.get("recall_id"))
+    except Refusal as exc:
+        return _refuse(exc)
+    recall_id, message_id = recall.id, recall.message_id
+    conversation_id = db.session.scalar(
+        select(Message.conversation_id).where(Message.id == message_id))
+    db.session.commit()
+    if _json_requested():
+        return jsonify(recall_id=recall_id, not_relevant=True)
+    flash("Marked not relevant: it is no longer listed under that reply.", "success")
+    return redirect(_conversation_url(conversation_id, message_id), 303)

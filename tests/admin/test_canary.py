@@ -1,12 +1,12 @@
 """No staff page and no audit event ever holds content.
 
 A user's messages, Blinks, saved memories, documents, profile facts, memory chunks, display
-name and API key name all carry one unique canary string; audited actions touch that user
-(plan switch, builds, key creation, grant and revocation, assignment and cap changes of
-their plan). Then every staff page is
-crawled as admin and as support — every link reachable from the staff home, the record
-pages, filtered lists, CSV exports, the support pages — and none contains the canary;
-neither does any audit event, in any column.
+name and API key name all carry one unique canary string, and a reply drew on them;
+audited actions touch that user (plan switch, builds, key creation, grant and revocation,
+assignment and cap changes of their plan). Then every staff page is crawled as admin and
+as support (every link reachable from the staff home, the record pages, filtered lists,
+CSV exports, the support pages) and none contains the canary; neither does any audit
+event, in any column.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from dashboard.memories.services import forget_memory
 from dashboard.memory import MemoryBuild, MemoryChunk, request_builds_by_staff
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.pipeline import run_memory_build
-from dashboard.orbitpilot.models import ProfileFact
+from dashboard.orbitpilot.models import ProfileFact, ReplyRecall
+from dashboard.orbitpilot.responder import BuiltinResponder
+from dashboard.orbitpilot.services import send_message
 from dashboard.plans.editing import set_assignment, set_cap
 from dashboard.sources import CHAT_HISTORY, SAVED
 from tests.conftest import csrf_from
@@ -71,6 +73,11 @@ def canary_world(db_session):
                      build_id=build.id)
     assert db_session.scalar(select(MemoryChunk.id).where(
         MemoryChunk.user_id == owner.id, MemoryChunk.content.contains(canary)).limit(1))
+    # A reply that drew on those chunks (its "Drew on" rows name them).
+    send_message(db_session, user_id=owner.id, text=f"{canary} saved memory blink city",
+                 responder=BuiltinResponder(), embedder=HashingEmbedder())
+    assert db_session.scalar(select(ReplyRecall.id).where(ReplyRecall.user_id == owner.id)
+                             .limit(1))
     # Audited actions about this user and their plan.
     request_builds_by_staff(db_session, [owner.id], mode="quick", actor=SYSTEM)
     set_assignment(db_session, plan, SAVED, "off", actor=SYSTEM)

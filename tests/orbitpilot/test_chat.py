@@ -278,8 +278,13 @@ def test_the_builtin_responder_says_what_it_drew_on(client, db_session, auth, re
     assert [hit.source_key for hit in context.memory] == [CHAT_HISTORY] and not context.guest
     labels = list(dict.fromkeys(hit.label for hit in context.memory))
     assert {hit.source_key for hit in context.memory} <= {PROFILE, CHAT_HISTORY}
+    items = second["drew_on"].pop("items")
     assert second["drew_on"] == {"earlier_turns": 2, "sources": labels,
                                  "memory_items": len(context.memory)}
+    # The list under the reply: the pair, named by its question, linked to its turn.
+    assert [(i["source"], i["item_id"], i["title"]) for i in items] == [
+        (CHAT_HISTORY, context.memory[0].source_id, "I like trams in Lisbon")]
+    assert items[0]["url"].startswith(f"/orbitpilot/c/{context.memory[0].source_id.split(':')[0]}#m")
     # Deterministic: the same context gives the same words.
     assert second["reply"]["content"] == BuiltinResponder()(context).text
     assert "2 earlier messages of this conversation" in second["reply"]["content"]
