@@ -49,7 +49,11 @@ GUEST_REFUSED = "Sign in to choose what OrbitPilot remembers and to save replies
 
 
 def _responder():
-    return load_responder(current_app.config.get("ORBITPILOT_RESPONDER", DEFAULT_RESPONDER))
+    responder = load_responder(current_app.config.get("ORBITPILOT_RESPONDER",
+                                                      DEFAULT_RESPONDER))
+    # A responder with settings of its own is handed the app's (services read no app).
+    configured = getattr(responder, "configured", None)
+    return configured(current_app.config) if callable(configured) else responder
 
 
 def _memory_k() -> int:

@@ -1,0 +1,220 @@
+"""A responder that asks any OpenAI-compatible ``/v1/chat/completions`` server (vLLM,
+Ollama, llama.cpp, OpenAI) and streams its answer. ``ORBITPILOT_RESPONDER=openai`` picks
+it; the ``ORBITPILOT_OPENAI_*`` settings say where and which model."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.request
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dashboard.orbitpilot.responder import MemoryHit, Reply, ResponderContext
+
+DEFAULT_TIMEOUT = 30.0
+# A runaway stream is cut off (an exception) rather than stored.
+MAX_STREAM_BYTES = 2_000_000
+DONE = "[DONE]"
+
+
+class OpenAIResponderError(RuntimeError):
+    """The server gave no usable answer. Messages name what went wrong, never content."""
+
+
+@dataclass(frozen=True)
+class OpenAISettings:
+    base_url: str
+    model: str
+    api_key: str | None = None
+    timeout: float = DEFAULT_TIMEOUT
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + "/chat/completions"
+
+
+def current_settings(config: Mapping[str, Any] | None = None) -> OpenAISettings:
+    """The settings out of ``config`` (the app's, which the chat's edge hands over), or the
+    environment when there is none."""
+    source: Mapping[str, Any] = os.environ if config is None else config
+
+    def _setting(name: str) -> Any:
+        return source.get(name)
+
+    base_url = (_setting("ORBITPILOT_OPENAI_BASE_URL") or "").strip()
+    model = (_setting("ORBITPILOT_OPENAI_MODEL") or "").strip()
+    if not base_url or not model:
+        raise OpenAIResponderError("ORBITPILOT_OPENAI_BASE_URL and ORBITPILOT_OPENAI_MODEL "
+                                   "must both be set")
+    raw_timeout = _setting("ORBITPILOT_OPENAI_TIMEOUT")
+    timeout = float(raw_timeout) if raw_timeout not in (None, "") else DEFAULT_TIMEOUT
+    if timeout <= 0:
+        raise OpenAIResponderError("ORBITPILOT_OPENAI_TIMEOUT must be positive")
+    return OpenAISettings(base_url, model, _setting("ORBITPILOT_OPENAI_API_KEY") or None,
+                          timeout)
+
+
+# -- what is sent ----------------------------------------------------------------------------
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False) -> str:
+    """Who the model is, and the recalled memory items, one line each."""
+    lines = ["You are OrbitPilot, the assistant of the OrbitPilot Memory Dashboard.",
+             # What is remembered is the person's plan and flags, never the model's promise.
+             "Never promise to remember or forget anything."]
+    if guest:
+        lines.append("The person is signed out: you know nothing of them beyond this "
+                     "conversation.")
+    if memory:
+        lines.append("Items recalled from the person's memory for this message (source: "
+                     "content). Use them only when they are relevant to the message; "
+                     "otherwise ignore them:")
+        lines.extend(f"- {_one_line(hit.label)}: {_one_line(hit.content)}" for hit in memory)
+    else:
+        lines.append("Nothing was recalled from the person's memory for this message.")
+    return "\n".join(lines)
+
+
+def build_messages(context: ResponderContext) -> list[dict[str, str]]:
+    """The system message, then every turn of the conversation in order (those marked
+    "Not remembered" too: the chat still follows them)."""
+    messages = [{"role": "system", "content": system_prompt(context.memory,
+                                                            guest=context.guest)}]
+    messages.extend({"role": turn.role, "content": turn.content} for turn in context.turns)
+    return messages
+
+
+# -- the stream ------------------------------------------------------------------------------
+
+def sse_events(lines: Iterable[bytes | str]) -> Iterator[str]:
+    """The ``data`` of each server-sent event (several ``data:`` lines join with a newline;
+    comments and other fields are skipped)."""
+    data: list[str] = []
+    for raw in lines:
+        line = (raw.decode("utf-8") if isinstance(raw, bytes) else raw).rstrip("\r\n")
+        if not line:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        field_name, _, value = line.partition(":")
+        if field_name == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+    if data:  # a last event without its blank line: a truncated one fails to parse below
+        yield "\n".join(data)
+
+
+def _delta_content(chunk: Any) -> tuple[str, bool]:
+    """A chunk's text and whether it says the answer is finished."""
+    if not isinstance(chunk, dict):
+        raise OpenAIResponderError("a stream event is not a JSON object")
+    if chunk.get("error"):
+        raise OpenAIResponderError("the server reported an error in the stream")
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        raise OpenAIResponderError("a stream event has no choices")
+    if not choices:  # e.g. a usage-only chunk
+        return "", False
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise OpenAIResponderError("a stream event has a malformed choice")
+    delta = choice.get("delta") or {}
+    content = delta.get("content") if isinstance(delta, dict) else None
+    if content is not None and not isinstance(content, str):
+        raise OpenAIResponderError("a stream event has non-text content")
+    return content or "", choice.get("finish_reason") is not None
+
+
+def parse_stream(lines: Iterable[bytes | str]) -> str:
+    """The answer a chat-completions stream spells out: ``choices[0].delta.content`` of
+    each event, up to ``data: [DONE]``. A stream that stops before [DONE] or a finish
+    reason, or holds anything malformed, raises OpenAIResponderError."""
+    parts: list[str] = []
+    finished = False
+    for data in sse_events(lines):
+        if data.strip() == DONE:
+            finished = True
+            break
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise OpenAIResponderError("a stream event is not valid JSON") from None
+        text, done = _delta_content(chunk)
+        parts.append(text)
+        finished = finished or done
+    if not finished:
+        raise OpenAIResponderError("the stream ended before the answer did")
+    answer = "".join(parts).strip()
+    if not answer:
+        raise OpenAIResponderError("the server gave an empty answer")
+    return answer
+
+
+def _bounded_lines(response: Any, deadline: float) -> Iterator[bytes]:
+    # The socket timeout bounds each read; this bounds the whole answer, in time and size
+    # (a line without an end included).
+    total = 0
+    while line := response.readline(MAX_STREAM_BYTES - total + 1):
+        total += len(line)
+        if total > MAX_STREAM_BYTES:
+            raise OpenAIResponderError("the answer is too long")
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer took longer than ORBITPILOT_OPENAI_TIMEOUT")
+        yield line
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # urllib would follow a redirect as a GET, losing the body and taking the key along to
+    # wherever it points; a 3xx is an HTTPError instead.
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirects)
+
+
+def stream_chat_completion(url: str, messages: list[dict[str, str]], *, model: str,
+                           api_key: str | None = None,
+                           timeout: float = DEFAULT_TIMEOUT) -> str:
+    """POST the messages to ``url`` with ``"stream": true`` and return the whole answer.
+    Connection errors, timeouts and non-2xx answers (urllib's HTTPError, redirects too)
+    propagate."""
+    body = json.dumps({"model": model, "messages": messages, "stream": True}).encode()
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+    deadline = time.monotonic() + timeout
+    with _OPENER.open(request, timeout=timeout) as response:
+        return parse_stream(_bounded_lines(response, deadline))
+
+
+def _labels_in_order(hits: tuple[MemoryHit, ...]) -> list[str]:
+    return list(dict.fromkeys(hit.label for hit in hits))
+
+
+class OpenAIResponder:
+    """The chat's responder for an OpenAI-compatible server; made once by
+    ``load_responder``. The edge binds it to the app's settings (``configured``), read at
+    each call, so a missing one is a refused reply, not an error page."""
+
+    def __init__(self, config: Mapping[str, Any] | None = None) -> None:
+        self.config = config
+
+    def configured(self, config: Mapping[str, Any]) -> OpenAIResponder:
+        return OpenAIResponder(config)
+
+    def __call__(self, context: ResponderContext) -> Reply:
+        settings = current_settings(self.config)
+        text = stream_chat_completion(settings.url, build_messages(context),
+                                      model=settings.model, api_key=settings.api_key,
+                                      timeout=settings.timeout)
+        return Reply(text, {"earlier_turns": len(context.earlier_turns),
+                            "sources": _labels_in_order(context.memory),
+                            "memory_items": len(context.memory)})
