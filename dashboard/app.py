@@ -16,6 +16,7 @@ from sqlalchemy import event
 import dashboard.catalog  # noqa: F401  (installs the sources, in rank order)
 import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
 from dashboard.admin.assignments import AssignmentView
+from dashboard.admin.home import StaffIndexView
 from dashboard.admin.views import (
     ApiKeyView,
     BuildView,
@@ -53,7 +54,7 @@ from dashboard.plans.models import Plan
 from dashboard.queues import init_queue
 from dashboard.security import csp_nonce, init_security
 from dashboard.sources import registered_sources
-from dashboard.staff import StaffIndexView, without_inline_handlers
+from dashboard.staff import without_inline_handlers
 from dashboard.support.views import SupportView
 from dashboard.views import bp as main_bp
 

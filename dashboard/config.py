@@ -47,8 +47,10 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "REDIS_URL": _env("REDIS_URL", None),
         # Signs sessions and CSRF tokens. Unset: generated once into instance/secret_key.
         "SECRET_KEY": _env("SECRET_KEY", None) or _instance_secret_key(instance_path),
-        # Which embedder builds use: "hashing" (default, no download) or "minilm".
-        "EMBEDDER": _env("EMBEDDER", "hashing"),
+        # Which embedder builds and recall use: "minilm" (the default: all-MiniLM-L6-v2,
+        # semantic, from the ml extra), "hashing" (lexical, for engine tests and
+        # benchmarks) or "module:Class". Changing it rebuilds every user, in batches.
+        "EMBEDDER": _env("EMBEDDER", "minilm"),
         # Recall's cut: chunks farther from the query (cosine distance) are no match.
         # Unset: the embedder's own, calibrated by bench/recall.py.
         "RECALL_MAX_DISTANCE": _env("RECALL_MAX_DISTANCE", None, float),
@@ -142,6 +144,13 @@ def build_settings() -> dict[str, Any]:
         "ORBITPILOT_RESPONDER": _env("ORBITPILOT_RESPONDER",
                                     "dashboard.orbitpilot.responder.BuiltinResponder"),
         "ORBITPILOT_MEMORY_K": _env("ORBITPILOT_MEMORY_K", 3, int),
+        # For ORBITPILOT_RESPONDER=openai (aliases: "builtin", "openai"): an OpenAI-compatible
+        # server's base URL (e.g. http://127.0.0.1:11434/v1; it is sent <base>/chat/completions),
+        # the model, an optional key (sent as a bearer token), and seconds per answer.
+        "ORBITPILOT_OPENAI_BASE_URL": _env("ORBITPILOT_OPENAI_BASE_URL", None),
+        "ORBITPILOT_OPENAI_MODEL": _env("ORBITPILOT_OPENAI_MODEL", None),
+        "ORBITPILOT_OPENAI_API_KEY": _env("ORBITPILOT_OPENAI_API_KEY", None),
+        "ORBITPILOT_OPENAI_TIMEOUT": _env("ORBITPILOT_OPENAI_TIMEOUT", 30.0, float),
         # The largest document a user may upload (text or markdown), in bytes.
         "DOCUMENT_MAX_BYTES": _env("DOCUMENT_MAX_BYTES", 1024 * 1024, int),
         # How often a worker writes the audit chain's head down as a checkpoint and a
@@ -155,6 +164,8 @@ def build_settings() -> dict[str, Any]:
         "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),
         # Users per batch when an admin rebuilds a whole plan.
         "BUILD_FANOUT_BATCH": _env("BUILD_FANOUT_BATCH", 500, int),
+        # A model change: how many of its full rebuilds may wait in the queue at once.
+        "MODEL_CHANGE_BATCH": _env("MODEL_CHANGE_BATCH", 20, int),
         # Retrieval: a user with at least this many chunks has them in the HNSW index
         # (the build that crosses it flips every row of the user, either way) and gets
         # the approximate path; smaller users an exact scan (always k rows, recall 1.0),

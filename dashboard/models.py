@@ -21,5 +21,5 @@ __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "ConnectorAccess", "Conversation",
     "Document", "ForgetMarker", "MaintenanceLease", "Memory", "MemoryBuild", "MemoryChunk",
     "MemoryVersion", "Message", "OAuthClient", "OAuthCode", "OAuthGrant", "OAuthToken",
-    "Plan", "ProfileFact", "SourceAssignment", "User",
+    "Plan", "ProfileFact", "ReplyRecall", "SourceAssignment", "User",
 ]

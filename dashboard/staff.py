@@ -11,7 +11,6 @@ import uuid
 from typing import Any
 
 from flask import abort, flash, redirect, request, url_for
-from flask_admin import AdminIndexView, expose
 from flask_admin.contrib.sqla import ModelView
 from flask_admin.model.base import ViewArgs
 from flask_login import current_user
@@ -43,12 +42,6 @@ class RoleGate:
         if current_user.is_authenticated:
             abort(403)
         return redirect(url_for("auth.signin", next=request.full_path))
-
-
-class StaffIndexView(RoleGate, AdminIndexView):
-    @expose("/")
-    def index(self):
-        return self.render("admin/staff_index.html")
 
 
 class StaffForm(FlaskForm):

@@ -1,7 +1,7 @@
 """The periodic tasks a worker runs (each once per interval across all workers, by a
-lease): the sweeper, idle conversations, the schedule, the audit checkpoint and its
-anchor, the erasure VACUUM. A failing task is logged by kind and does not stop the
-others. And the audit checkpoint once more when a worker stops."""
+lease): the sweeper, idle conversations, the schedule, a model change's rebuilds, the
+audit checkpoint and its anchor, the erasure VACUUM. A failing task is logged by kind and
+does not stop the others. And the audit checkpoint once more when a worker stops."""
 
 from __future__ import annotations
 
@@ -53,6 +53,10 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
     PeriodicTask("schedule", "BUILD_SCHEDULE_SECONDS",
                  lambda session, queue, config: memory.request_scheduled_builds(
                      session, margin_seconds=queue.settings.schedule_margin_seconds)),
+    PeriodicTask("model_change", "BUILD_SWEEP_SECONDS",
+                 lambda session, queue, config: memory.request_model_change_builds(
+                     session, model=memory.embedder_model_name(config["EMBEDDER"]),
+                     batch=config["MODEL_CHANGE_BATCH"])),
     PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS", _audit_checkpoint),
     PeriodicTask("erasure_vacuum", "ERASURE_VACUUM_SECONDS", _erasure_vacuum),
 )

@@ -28,6 +28,9 @@ from dashboard.extensions import db
 from tests.factories import make_user
 
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+# Every app and process a test starts builds with the lexical embedder (deterministic,
+# instant) unless the test names another: the semantic default is tested by name.
+os.environ["EMBEDDER"] = "hashing"
 # A database of this run's own: two runs at once (a developer's and an agent's, or CI
 # beside a local run) never drop each other's schema. Left-overs of dead runs are dropped.
 TEST_DATABASE_PREFIX = "orbitpilot_test_"
@@ -85,6 +88,9 @@ def pytest_report_header(config):
 def make_test_config(**overrides) -> dict:
     config = {
         "TESTING": True,
+        # The lexical embedder: deterministic and instant. Tests of the semantic default
+        # (MiniLM) ask for it by name.
+        "EMBEDDER": "hashing",
         "EMBEDDED_DATABASE": TEST_DATABASE,
         "PASSWORD_MIN_LENGTH": 10,
         "SERVER_NAME": "localhost",

@@ -287,3 +287,16 @@ def wait_for(predicate, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
+
+
+class ShiftedHashingEmbedder(HashingEmbedder):
+    """Another model, for a model change (``EMBEDDER=tests.factories:ShiftedHashingEmbedder``):
+    every token one slot over, so a query in it finds nothing among the hashing model's
+    vectors, and vice versa."""
+
+    name = "hashing-shifted-test"
+
+    def _slot(self, token: str) -> tuple[int, float]:
+        index, signed = super()._slot(token)
+        self._memo[token] = slot = ((index + 1) % self.dimensions, signed)  # over the parent's
+        return slot

@@ -4,7 +4,10 @@ Each run gets a fresh instance folder (a fresh clone's first run) and a port of 
 
 from __future__ import annotations
 
+import http.cookiejar
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,6 +16,7 @@ import textwrap
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from redis import Redis
 from rq import Worker
 
 from dashboard.embedded import EmbeddedServices
+from dashboard.memories.services import NO_MATCH
 from tests.embedded.procs import listening_on, servers_of, wait_until
 from tests.factories import GATE_VARIABLE
 
@@ -52,6 +57,8 @@ class Run:
         self.services = EmbeddedServices(instance / "services")  # its paths; starts nothing
         env = {**{k: v for k, v in os.environ.items()
                   if k not in ("DATABASE_URL", "REDIS_URL", "DATABASE_OWNER_URL")}, **(env or {})}
+        # A value of None: the variable unset, as on a machine where nobody set it.
+        env = {k: v for k, v in env.items() if v is not None}
         env.update(ORBITPILOT_INSTANCE=str(instance), PORT=str(self.port), WEB_WORKERS="1",
                    BUILD_QUEUE=f"builds-run-{self.port}")
         self.log = instance.with_suffix(".log")
@@ -355,3 +362,61 @@ def test_a_worker_that_keeps_dying_ends_the_run_and_says_so(runs):
     assert "restarts keep failing" in output
     assert "==> stopped" in output
     assert run.left_behind() == [] and not listening_on(run.port)
+
+
+class Browser:
+    """A person at the run's pages: a cookie jar, and the CSRF token of each form."""
+
+    def __init__(self, port: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.opener = urllib.request.build_opener(
+            urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+
+    def get(self, path: str) -> str:
+        with self.opener.open(self.base + path, timeout=60) as response:
+            return response.read().decode()
+
+    def post_form(self, path: str, fields: list[tuple[str, str]]) -> str:
+        token = re.search(r'name="csrf_token"[^>]*value="([^"]+)"', self.get(path)).group(1)
+        data = urllib.parse.urlencode([("csrf_token", token), *fields]).encode()
+        with self.opener.open(self.base + path, data=data, timeout=60) as response:
+            return response.read().decode()
+
+
+def api(port: int, key: str, path: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
+        headers={"X-API-Key": key, "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+def test_the_readme_example_recalls_by_meaning_with_nothing_configured(runs):
+    """The README's curl example on the default (no EMBEDDER set): MiniLM recalls the
+    saved preference for a paraphrase, and says "no match" to what was never saved."""
+    run = runs(env={"EMBEDDER": None})
+    run.wait_serving()
+    person = Browser(run.port)
+    person.post_form("/auth/signin", [("email", "plus@demo.orbitpilot.test"),
+                                      ("password", "orbit-demo-2026")])
+    created = person.post_form("/settings/keys/", [
+        ("name", "README example"), ("scopes", "memory:read"), ("scopes", "memory:write")])
+    key = re.search(r'id="api-key-secret"[^>]*value="([^"]+)"', created).group(1)
+
+    saved = api(run.port, key, "/v1/memories", {
+        "content": "Prefers aisle seats on long flights.", "source": "chatgpt"})
+    assert saved["remembered"] is True
+    build = saved["build"]["id"]
+    assert wait_until(lambda: run.rows("SELECT status FROM memory_builds WHERE id = %s",
+                                       build)[0][0] == "succeeded", timeout=180), \
+        run.output()[-3000:]
+    assert run.rows("SELECT DISTINCT embedding_model FROM memory_chunks WHERE source_id = %s",
+                    saved["memory"]["id"]) == [("all-MiniLM-L6-v2",)]
+    for query in ("seat preference", "what do I like on planes"):
+        found = api(run.port, key, "/v1/memories/search", {"query": query, "k": 3})
+        assert found["results"][0]["content"] == "Prefers aisle seats on long flights.", query
+    never = api(run.port, key, "/v1/memories/search",
+                {"query": "the boiling point of tungsten", "k": 3})
+    assert (never["results"], never["notice"]) == ([], NO_MATCH)
+    run.signal_group(signal.SIGINT)
+    assert run.proc.wait(timeout=30) == 0

