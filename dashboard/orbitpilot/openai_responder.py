@@ -63,7 +63,15 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False) -> str:
+# A reply is remembered with its question, so a flagged turn repeated in a later reply
+# would outlive its flag: the model is asked not to (a request, not a guarantee).
+FLAGGED_TURNS = ("The person asked that some of their messages in this conversation not be "
+                 "remembered. Follow them in this conversation, but never repeat or quote "
+                 "them in your replies.")
+
+
+def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False,
+                  flagged: bool = False) -> str:
     """Who the model is, and the recalled memory items, one line each."""
     lines = ["You are OrbitPilot, the assistant of the OrbitPilot Memory Dashboard.",
              # What is remembered is the person's plan and flags, never the model's promise.
@@ -78,14 +86,17 @@ def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False) -> str:
         lines.extend(f"- {_one_line(hit.label)}: {_one_line(hit.content)}" for hit in memory)
     else:
         lines.append("Nothing was recalled from the person's memory for this message.")
+    if flagged:
+        lines.append(FLAGGED_TURNS)
     return "\n".join(lines)
 
 
 def build_messages(context: ResponderContext) -> list[dict[str, str]]:
     """The system message, then every turn of the conversation in order (those marked
     "Not remembered" too: the chat still follows them)."""
-    messages = [{"role": "system", "content": system_prompt(context.memory,
-                                                            guest=context.guest)}]
+    flagged = any(turn.not_remembered for turn in context.turns)
+    messages = [{"role": "system", "content": system_prompt(context.memory, guest=context.guest,
+                                                            flagged=flagged)}]
     messages.extend({"role": turn.role, "content": turn.content} for turn in context.turns)
     return messages
 

@@ -18,6 +18,7 @@ from dashboard.extensions import db
 from dashboard.orbitpilot import services
 from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.openai_responder import (
+    FLAGGED_TURNS,
     OpenAIResponder,
     OpenAIResponderError,
     build_messages,
@@ -250,8 +251,11 @@ def test_the_messages_are_the_system_with_the_memory_then_every_turn():
     assert "only when they are relevant" in system
     # The "Not remembered" turn too: the chat still follows it.
     assert messages[1:] == [{"role": t.role, "content": t.content} for t in context.turns]
+    # ... and the model is asked never to repeat it (its reply will be remembered).
+    assert FLAGGED_TURNS in system.splitlines()
     bare = build_messages(ResponderContext((Turn("user", "hi"),), (), guest=True))[0]
     assert "Nothing was recalled" in bare["content"] and "signed out" in bare["content"]
+    assert FLAGGED_TURNS not in bare["content"]
 
 
 def test_the_aliases_name_the_builtin_and_the_openai_responders():
