@@ -105,18 +105,19 @@ RECALLED_AS = {
     "docs.documents": "a document", "orbitpilot.profile": "your profile",
     "orbitpilot.chat_history": "an earlier conversation",
 }
-# Chat pairs are named, never quoted: a reply is remembered with its question, so a quote
-# of a pair marked "Not remembered" later would outlive the flag there.
-UNQUOTED = frozenset({"orbitpilot.chat_history"})
 NOTHING_RELEVANT = "I found nothing in your memory that bears on this."
 
 
 def recalled_line(hit: MemoryHit) -> str:
-    """One recalled item as the reply cites it: what it is, and its words."""
+    """One recalled item as the reply cites it: what it is, and its words (of a chat pair,
+    what the person said). A reply that drew on memory is remembered by its question
+    alone, so a quote here never outlives the item's forgetting."""
     kind = RECALLED_AS.get(hit.source_key, hit.label)
-    if hit.source_key in UNQUOTED:
-        return f"• From {kind} (linked below)."
-    return f"• From {kind}: “{one_line(hit.content)}”"
+    text = hit.content
+    if hit.source_key == "orbitpilot.chat_history":
+        said = text.split("\nOrbitPilot: ", 1)[0].removeprefix("User: ")
+        return f"• From {kind}, where you said: “{one_line(said)}”"
+    return f"• From {kind}: “{one_line(text)}”"
 
 
 class BuiltinResponder:

@@ -9,6 +9,8 @@ import pytest
 from sqlalchemy import select
 
 from dashboard.blinks.models import Blink
+from dashboard.memory.embedders import HashingEmbedder
+from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot.models import Message
 from tests.factories import make_conversation
 
@@ -103,3 +105,42 @@ def test_a_guest_chats_in_the_browser(page):
     assert page.driver.find_elements(By.CSS_SELECTOR, "[data-op-action]") == []
     page.screenshot("chat-guest.png")
     page.assert_no_violations()
+
+
+def test_a_reply_shows_what_it_drew_on_and_not_relevant_takes_it_off(page, chatter,
+                                                                     committed):
+    user, conversation, _ = chatter
+    run_memory_build(user, "full", session=committed.session, embedder=HashingEmbedder())
+    committed.session.commit()
+    page.driver.set_window_size(390, 844)  # a phone
+    page.sign_in(user.email)
+    page.open(f"/orbitpilot/c/{conversation.id}")
+    box = page.find("[data-op-composer] textarea")
+    box.send_keys("Lisbon trams again?")
+    box.send_keys(Keys.ENTER)
+    page.wait().until(lambda d: d.find_elements(By.CSS_SELECTOR, "[data-op-drew-on-item]"))
+    item = page.find("[data-op-drew-on-item]")
+    link = item.find_element(By.TAG_NAME, "a")
+    assert link.text.startswith("an earlier conversation")
+    assert link.get_attribute("href").endswith(f"/orbitpilot/c/{conversation.id}#m"
+                                               + str(_first_turn(committed, conversation)))
+    # The list and its actions fit the phone's width (wrapping, not overflowing).
+    wide = page.driver.execute_script(
+        "return [...document.querySelectorAll('[data-op-drew-on] *')].filter(e => "
+        "e.getBoundingClientRect().right > window.innerWidth).map(e => e.tagName)")
+    assert wide == []
+    page.screenshot("chat-drew-on.png")
+    listed = [e.get_attribute("data-item-id") for e in
+              page.driver.find_elements(By.CSS_SELECTOR, "[data-op-drew-on-item]")]
+    item.find_element(By.XPATH, ".//button[starts-with(normalize-space(.), 'Not relevant')]"
+                      ).click()
+    page.wait().until(lambda d: "Marked not relevant" in page.text)
+    assert [e.get_attribute("data-item-id") for e in page.driver.find_elements(
+        By.CSS_SELECTOR, "[data-op-drew-on-item]")] == listed[1:]
+    page.assert_no_violations()
+
+
+def _first_turn(committed, conversation) -> int:
+    return committed.session.scalars(select(Message.id).where(
+        Message.conversation_id == conversation.id, Message.role == "user")
+        .order_by(Message.position)).first()
