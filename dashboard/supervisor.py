@@ -185,7 +185,7 @@ def main() -> int:
             sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}",
             "--workers", web_workers, "--threads", "4", "--graceful-timeout", "5",
             "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
-            "--no-control-socket", "wsgi:app",
+            "--no-control-socket", "--config", "python:dashboard.gunicorn_hooks", "wsgi:app",
         ]),
     ]
     status = 0

@@ -383,6 +383,14 @@ class Browser:
             return response.read().decode()
 
 
+def web_workers_hold_torch(run: Run) -> bool:
+    with _gone_is_none():
+        workers = run.child("gunicorn").children()
+        return bool(workers) and all(
+            "libtorch_cpu" in Path(f"/proc/{w.pid}/maps").read_text() for w in workers)
+    return False
+
+
 def api(port: int, key: str, path: str, body: dict) -> dict:
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST",
@@ -396,6 +404,8 @@ def test_the_readme_example_recalls_by_meaning_with_nothing_configured(runs):
     saved preference for a paraphrase, and says "no match" to what was never saved."""
     run = runs(env={"EMBEDDER": None})
     run.wait_serving()
+    # Each web worker loads the model as it starts, before anyone searches.
+    assert wait_until(lambda: web_workers_hold_torch(run), timeout=120), run.output()[-3000:]
     person = Browser(run.port)
     person.post_form("/auth/signin", [("email", "plus@demo.orbitpilot.test"),
                                       ("password", "orbit-demo-2026")])
