@@ -299,14 +299,23 @@ def _pair_turns(session: Session, pair_ids: set[str]) -> dict[str, int]:
     return {p: turns[p] for p in pair_ids if p in turns}
 
 
-def mark_not_relevant(session: Session, *, user_id: int, recall_id: Any) -> ReplyRecall:
+@dataclass(frozen=True)
+class NotRelevant:
+    recall_id: int
+    message_id: int
+    conversation_id: int
+
+
+def mark_not_relevant(session: Session, *, user_id: int, recall_id: Any) -> NotRelevant:
     """The owner says one item did not bear on a reply: it leaves that reply's list."""
     recall = find_owned(session, ReplyRecall, recall_id, user_id, lock=True)
     if recall is None:
         raise ChatNotFound("There is no such item under a reply.")
     recall.not_relevant = True
     session.flush()
-    return recall
+    conversation_id = session.scalar(select(Message.conversation_id)
+                                     .where(Message.id == recall.message_id))
+    return NotRelevant(recall.id, recall.message_id, conversation_id)
 
 
 @dataclass(frozen=True)

@@ -25,14 +25,12 @@ from flask import (
 )
 from flask_login import current_user, login_required
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy import select
 
 from dashboard.errors import TITLES, problem, refusal_status, wants_json
 from dashboard.extensions import db, login_manager
 from dashboard.ids import parse_id
 from dashboard.memory import get_embedder, match_distance
 from dashboard.orbitpilot import services
-from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.responder import DEFAULT_MEMORY_K, DEFAULT_RESPONDER, load_responder
 from dashboard.orbitpilot.services import ChatError, ChatMemory, Exchange
 from dashboard.plans.web import request_plans
@@ -363,15 +361,12 @@ def not_relevant():
     if not current_user.is_authenticated:
         return _guest_refused()
     try:
-        recall = services.mark_not_relevant(db.session, user_id=current_user.id,
+        result = services.mark_not_relevant(db.session, user_id=current_user.id,
                                             recall_id=request.form.get("recall_id"))
     except Refusal as exc:
         return _refuse(exc)
-    recall_id, message_id = recall.id, recall.message_id
-    conversation_id = db.session.scalar(
-        select(Message.conversation_id).where(Message.id == message_id))
     db.session.commit()
     if _json_requested():
-        return jsonify(recall_id=recall_id, not_relevant=True)
+        return jsonify(recall_id=result.recall_id, not_relevant=True)
     flash("Marked not relevant: it is no longer listed under that reply.", "success")
-    return redirect(_conversation_url(conversation_id, message_id), 303)
+    return redirect(_conversation_url(result.conversation_id, result.message_id), 303)
