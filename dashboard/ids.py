@@ -38,11 +38,11 @@ def parse_id(raw: object, *, bits: int = 32) -> int | None:
 
 
 def find_owned(session: Session, model: type[Model], raw_id: object, user_id: int, *,
-               lock: bool = False) -> Model | None:
+               lock: bool = False, bits: int = 32) -> Model | None:
     """The row of ``model`` that ``raw_id`` names and whose ``user_id`` is ``user_id``;
     ``None`` for a malformed id, no such row, or someone else's (the caller cannot tell
     them apart, and neither can the person asking). ``lock``: ``SELECT … FOR UPDATE``."""
-    record_id = parse_id(raw_id)
+    record_id = parse_id(raw_id, bits=bits)
     if record_id is None:
         return None
     query: Any = select(model).where(model.id == record_id, model.user_id == user_id)

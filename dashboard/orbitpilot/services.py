@@ -308,7 +308,7 @@ class NotRelevant:
 
 def mark_not_relevant(session: Session, *, user_id: int, recall_id: Any) -> NotRelevant:
     """The owner says one item did not bear on a reply: it leaves that reply's list."""
-    recall = find_owned(session, ReplyRecall, recall_id, user_id, lock=True)
+    recall = find_owned(session, ReplyRecall, recall_id, user_id, lock=True, bits=64)
     if recall is None:
         raise ChatNotFound("There is no such item under a reply.")
     recall.not_relevant = True

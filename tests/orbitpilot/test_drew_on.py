@@ -12,11 +12,13 @@ import pytest
 from sqlalchemy import select
 
 from dashboard.audit.services import Actor
+from dashboard.blinks.models import Blink
 from dashboard.memories.services import forget_memory
 from dashboard.memory import get_embedder
 from dashboard.memory.embedders import minilm_available
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot.models import Message, ReplyRecall
+from dashboard.orbitpilot.services import catch_reply
 from dashboard.orbitpilot.source import DREW_ON_MEMORY, extract_chat_pairs
 from dashboard.sources import BLINKS, CHAT_HISTORY, SAVED
 from tests.factories import make_blink, make_conversation, make_memory, make_plan, make_user
@@ -26,11 +28,17 @@ from tests.orbitpilot.dom import parse
 NOT_RELEVANT = "/orbitpilot/drew-on/not-relevant/"
 
 
-def _world(db_session, embedder_name: str, *, memory: str, blink: str, pair: tuple[str, str]):
+def _world(db_session, embedder_name: str, *, memory: str, blink: str | None,
+           pair: tuple[str, str]):
+    """A saved memory, a Blink (``None``: the pair's reply, caught), a chat pair; built."""
     user = make_user(db_session, plan=make_plan(db_session, cap=5))
     saved = make_memory(db_session, user, memory)
-    caught = make_blink(db_session, user, blink, title="Caught reply")
-    conversation, _ = make_conversation(db_session, user, [pair], title="Earlier")
+    conversation, messages = make_conversation(db_session, user, [pair], title="Earlier")
+    if blink is None:
+        caught = db_session.get(Blink, catch_reply(db_session, user_id=user.id,
+                                                   message_id=str(messages[1].id)).blink_id)
+    else:
+        caught = make_blink(db_session, user, blink, title="Caught reply")
     run_memory_build(user, "full", session=db_session, embedder=get_embedder(embedder_name))
     return user, saved, caught, conversation
 
@@ -135,8 +143,8 @@ def test_with_the_default_embedder_a_paraphrase_draws_on_the_saved_memory(
     monkeypatch.setitem(app.config, "EMBEDDER", "minilm")
     user, saved, caught, conversation = _world(
         db_session, "minilm", memory="Prefers aisle seats on long flights.",
-        blink="On planes I like to sit by the aisle.",
-        pair=("I always pick the aisle on planes.", "Noted: the aisle on planes."))
+        blink=None, pair=("I always pick the aisle on planes.",
+                          "Noted: on planes you like to sit by the aisle."))
     auth.login(user.email)
     caplog.set_level(logging.DEBUG)
     body = send(client, "what do I like on planes").get_json()
