@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.orbitpilot.responder import MemoryHit, Reply, ResponderContext
+from dashboard.orbitpilot.responder import MemoryHit, Reply, ResponderContext, drew_on_summary
 
 DEFAULT_TIMEOUT = 30.0
 # A runaway stream is cut off (an exception) rather than stored.
@@ -142,12 +142,12 @@ def _delta_content(chunk: Any) -> tuple[str, bool]:
     return content or "", choice.get("finish_reason") is not None
 
 
-def parse_stream(lines: Iterable[bytes | str]) -> str:
-    """The answer a chat-completions stream spells out: ``choices[0].delta.content`` of
-    each event, up to ``data: [DONE]``. A stream that stops before [DONE] or a finish
-    reason, or holds anything malformed, raises OpenAIResponderError."""
-    parts: list[str] = []
-    finished = False
+def stream_pieces(lines: Iterable[bytes | str]) -> Iterator[str]:
+    """The answer a chat-completions stream spells out, piece by piece as it arrives:
+    ``choices[0].delta.content`` of each event, up to ``data: [DONE]``. A stream that
+    stops before [DONE] or a finish reason, holds anything malformed, or says nothing
+    raises OpenAIResponderError (after the pieces before it)."""
+    finished = said = False
     for data in sse_events(lines):
         if data.strip() == DONE:
             finished = True
@@ -157,14 +157,19 @@ def parse_stream(lines: Iterable[bytes | str]) -> str:
         except ValueError:
             raise OpenAIResponderError("a stream event is not valid JSON") from None
         text, done = _delta_content(chunk)
-        parts.append(text)
+        if text:
+            said = said or bool(text.strip())
+            yield text
         finished = finished or done
     if not finished:
         raise OpenAIResponderError("the stream ended before the answer did")
-    answer = "".join(parts).strip()
-    if not answer:
+    if not said:
         raise OpenAIResponderError("the server gave an empty answer")
-    return answer
+
+
+def parse_stream(lines: Iterable[bytes | str]) -> str:
+    """The whole answer of a stream (``stream_pieces`` joined)."""
+    return "".join(stream_pieces(lines)).strip()
 
 
 def _bounded_lines(response: Any, deadline: float) -> Iterator[bytes]:
@@ -190,12 +195,12 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 _OPENER = urllib.request.build_opener(_NoRedirects)
 
 
-def stream_chat_completion(url: str, messages: list[dict[str, str]], *, model: str,
+def chat_completion_pieces(url: str, messages: list[dict[str, str]], *, model: str,
                            api_key: str | None = None,
-                           timeout: float = DEFAULT_TIMEOUT) -> str:
-    """POST the messages to ``url`` with ``"stream": true`` and return the whole answer.
-    Connection errors, timeouts and non-2xx answers (urllib's HTTPError, redirects too)
-    propagate."""
+                           timeout: float = DEFAULT_TIMEOUT) -> Iterator[str]:
+    """POST the messages to ``url`` with ``"stream": true`` and yield the answer as it
+    arrives. Connection errors, timeouts and non-2xx answers (urllib's HTTPError,
+    redirects too) propagate."""
     body = json.dumps({"model": model, "messages": messages, "stream": True}).encode()
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if api_key:
@@ -203,11 +208,15 @@ def stream_chat_completion(url: str, messages: list[dict[str, str]], *, model: s
     request = urllib.request.Request(url, data=body, headers=headers, method="POST")
     deadline = time.monotonic() + timeout
     with _OPENER.open(request, timeout=timeout) as response:
-        return parse_stream(_bounded_lines(response, deadline))
+        yield from stream_pieces(_bounded_lines(response, deadline))
 
 
-def _labels_in_order(hits: tuple[MemoryHit, ...]) -> list[str]:
-    return list(dict.fromkeys(hit.label for hit in hits))
+def stream_chat_completion(url: str, messages: list[dict[str, str]], *, model: str,
+                           api_key: str | None = None,
+                           timeout: float = DEFAULT_TIMEOUT) -> str:
+    """The whole answer (``chat_completion_pieces`` joined)."""
+    return "".join(chat_completion_pieces(url, messages, model=model, api_key=api_key,
+                                          timeout=timeout)).strip()
 
 
 class OpenAIResponder:
@@ -221,11 +230,12 @@ class OpenAIResponder:
     def configured(self, config: Mapping[str, Any]) -> OpenAIResponder:
         return OpenAIResponder(config)
 
-    def __call__(self, context: ResponderContext) -> Reply:
+    def stream(self, context: ResponderContext) -> Iterator[str]:
+        """The answer as the server streams it (the chat passes it on as it comes)."""
         settings = current_settings(self.config)
-        text = stream_chat_completion(settings.url, build_messages(context),
-                                      model=settings.model, api_key=settings.api_key,
-                                      timeout=settings.timeout)
-        return Reply(text, {"earlier_turns": len(context.earlier_turns),
-                            "sources": _labels_in_order(context.memory),
-                            "memory_items": len(context.memory)})
+        yield from chat_completion_pieces(settings.url, build_messages(context),
+                                          model=settings.model, api_key=settings.api_key,
+                                          timeout=settings.timeout)
+
+    def __call__(self, context: ResponderContext) -> Reply:
+        return Reply("".join(self.stream(context)).strip(), drew_on_summary(context))

@@ -6,7 +6,7 @@ too. The built-in one needs no network or model and answers from what recall fou
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
@@ -67,6 +67,23 @@ class Reply:
 
 class Responder(Protocol):
     def __call__(self, context: ResponderContext) -> Reply: ...
+
+
+def drew_on_summary(context: ResponderContext) -> dict[str, Any]:
+    """What a reply drew on, for the JSON answer (every responder says the same)."""
+    return {"earlier_turns": len(context.earlier_turns),
+            "sources": _labels_in_order(context.memory), "memory_items": len(context.memory)}
+
+
+def reply_pieces(responder: Any, context: ResponderContext) -> Iterator[str]:
+    """The reply piece by piece: a responder with ``stream`` yields as it goes; any other
+    gives its whole text at once."""
+    stream = getattr(responder, "stream", None)
+    if callable(stream):
+        yield from stream(context)
+    else:
+        reply = responder(context)
+        yield reply.text if isinstance(reply, Reply) else ""
 
 
 def one_line(text: str, limit: int = QUOTE_CHARS) -> str:
@@ -137,8 +154,7 @@ class BuiltinResponder:
         else:
             lines.append(NOTHING_RELEVANT)
         lines.append(drew_on_sentence(earlier, labels, len(context.memory)))
-        return Reply("\n".join(lines), {"earlier_turns": earlier, "sources": labels,
-                                        "memory_items": len(context.memory)})
+        return Reply("\n".join(lines), drew_on_summary(context))
 
 
 @lru_cache(maxsize=16)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -41,6 +42,7 @@ from dashboard.orbitpilot.responder import (
     ResponderContext,
     Turn,
     one_line,
+    reply_pieces,
 )
 from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_sentence
 from dashboard.plans.services import Resolution, UserPlans, get_user_plan, resolve_sources
@@ -66,6 +68,8 @@ NOT_REMEMBERED_LABEL = "Not remembered"
 REMEMBERED_LABEL = "Remembered"
 REMEMBER_TOGGLE_ACTION = "message.remember_toggle"
 NO_ANSWER = "OrbitPilot could not answer that. Try again."
+ENDED = ("This conversation has ended, so it takes no new messages. Start a new "
+         "conversation to keep chatting.")
 
 
 class ChatError(Refusal):
@@ -390,31 +394,52 @@ class Exchange:
     new_conversation: bool = False
 
 
-def send_message(
+@dataclass
+class PendingReply:
+    """A question stored, inside a savepoint, waiting for its answer: ``finish_send``
+    stores the answer and releases the savepoint, ``abandon_send`` rolls the question
+    back (no question is left without its answer)."""
+
+    conversation: Conversation
+    question: Message
+    context: ResponderContext
+    new: bool
+    savepoint: Any
+
+
+def check_send(session: Session, *, user_id: int, text: Any,
+               conversation_id: Any = None) -> None:
+    """Refuse, before anything is written, what ``begin_send`` would refuse: an empty or
+    too long message, a conversation that is not the user's or has ended."""
+    clean_message(text)
+    if conversation_id not in (None, ""):
+        conversation = get_conversation(session, user_id, conversation_id)
+        if conversation.status != "open":
+            raise ChatEnded(ENDED)
+
+
+def begin_send(
     session: Session,
     *,
     user_id: int,
     text: Any,
     conversation_id: Any = None,
-    responder: Any,
     embedder: Embedder | None = None,
     memory_k: int = DEFAULT_MEMORY_K,
     max_distance: float | None = None,
-) -> Exchange:
-    """Store the user's turn, ask the responder, store its reply.
-
-    The responder sees every turn of this conversation, the ones marked "Not remembered"
-    included, and the top ``memory_k`` memory chunks of this user."""
+) -> PendingReply:
+    """Store the user's turn and gather what the responder will see: every turn of this
+    conversation (the ones marked "Not remembered" included) and the top ``memory_k``
+    memory chunks of this user."""
     text = clean_message(text)
     new = conversation_id in (None, "")
     if not new:
         # Locked: two sends at once must not take the same position.
         conversation = get_conversation(session, user_id, conversation_id, lock=True)
         if conversation.status != "open":
-            raise ChatEnded("This conversation has ended, so it takes no new messages. "
-                            "Start a new conversation to keep chatting.")
-    # A savepoint: a responder that fails leaves no question without its answer.
-    with session.begin_nested():
+            raise ChatEnded(ENDED)
+    savepoint = session.begin_nested()
+    try:
         if new:
             conversation = Conversation(user_id=user_id, title=derive_title(text))
             session.add(conversation)
@@ -430,25 +455,39 @@ def send_message(
                            position=position, content=text)
         session.add(question)
         session.flush()
-
         turns = tuple(Turn(m.role, m.content, m.id, bool(m.not_remembered))
                       for m in [*earlier, question])
         hits = memory_hits(session, user_id, text, embedder=embedder, k=memory_k,
                            max_distance=max_distance) \
             if embedder is not None and memory_k > 0 else ()
-        reply = _respond(responder, ResponderContext(turns, hits, guest=False))
+    except BaseException:
+        savepoint.rollback()
+        raise
+    return PendingReply(conversation, question, ResponderContext(turns, hits, guest=False),
+                        new, savepoint)
 
-        answer = Message(conversation_id=conversation.id, user_id=user_id, role="assistant",
-                         position=position + 1, content=reply.text, reply_to_id=question.id)
+
+def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchange:
+    """Store the answer and what it drew on, and release the savepoint."""
+    conversation, question, hits = pending.conversation, pending.question, \
+        pending.context.memory
+    try:
+        answer = Message(conversation_id=conversation.id, user_id=question.user_id,
+                         role="assistant", position=question.position + 1,
+                         content=reply.text, reply_to_id=question.id)
         session.add(answer)
         conversation.last_activity_at = func.now()
         session.flush()
-        recalls = [ReplyRecall(message_id=answer.id, user_id=user_id, rank=rank,
+        recalls = [ReplyRecall(message_id=answer.id, user_id=question.user_id, rank=rank,
                                source_key=hit.source_key, source_id=hit.source_id,
                                chunk_id=hit.chunk_id, distance=hit.distance)
                    for rank, hit in enumerate(hits) if hit.chunk_id is not None]
         session.add_all(recalls)
         session.flush()
+    except BaseException:
+        pending.savepoint.rollback()
+        raise
+    pending.savepoint.commit()
     by_id = {hit.chunk_id: hit for hit in hits}
     drew_on = tuple(DrewOn(r.id, r.source_key, r.source_id, r.distance,
                            by_id[r.chunk_id].content) for r in recalls)
@@ -457,7 +496,40 @@ def send_message(
         drew_on = tuple(replace(d, message_id=turns.get(d.source_id)) for d in drew_on)
     return Exchange(conversation.id, conversation.title, ShownMessage.of(question),
                     ShownMessage.of(answer, drew_on), dict(reply.drew_on),
-                    new_conversation=new)
+                    new_conversation=pending.new)
+
+
+def abandon_send(pending: PendingReply) -> None:
+    """No answer came: the question goes too."""
+    if pending.savepoint.is_active:
+        pending.savepoint.rollback()
+
+
+def send_message(session: Session, *, responder: Any, **send: Any) -> Exchange:
+    """Store the user's turn, ask the responder, store its reply (``begin_send``'s
+    arguments)."""
+    pending = begin_send(session, **send)
+    try:
+        reply = _respond(responder, pending.context)
+    except BaseException:
+        abandon_send(pending)
+        raise
+    return finish_send(session, pending, reply)
+
+
+def stream_reply(responder: Any, context: ResponderContext) -> Iterator[str]:
+    """The reply's pieces as the responder produces them; any failure (or nothing said)
+    is ``ResponderFailed``, logged by kind."""
+    said = False
+    try:
+        for piece in reply_pieces(responder, context):
+            said = said or bool(piece.strip())
+            yield piece
+    except Exception as exc:  # a pluggable responder: any failure is "no answer"
+        log.warning("responder failed: %s", type(exc).__name__)
+        raise ResponderFailed(NO_ANSWER) from None
+    if not said:
+        raise ResponderFailed(NO_ANSWER)
 
 
 def _respond(responder: Any, context: ResponderContext) -> Reply:

@@ -8,10 +8,13 @@ the session cookie only; nothing of theirs reaches the database.
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
 from flask import (
     Blueprint,
+    Response,
     abort,
     current_app,
     flash,
@@ -21,6 +24,7 @@ from flask import (
     render_template,
     request,
     session,
+    stream_with_context,
     url_for,
 )
 from flask_login import current_user, login_required
@@ -31,13 +35,20 @@ from dashboard.extensions import db, login_manager
 from dashboard.ids import parse_id
 from dashboard.memory import get_embedder, match_distance
 from dashboard.orbitpilot import services
-from dashboard.orbitpilot.responder import DEFAULT_MEMORY_K, DEFAULT_RESPONDER, load_responder
+from dashboard.orbitpilot.responder import (
+    DEFAULT_MEMORY_K,
+    DEFAULT_RESPONDER,
+    Reply,
+    drew_on_summary,
+    load_responder,
+)
 from dashboard.orbitpilot.services import ChatError, ChatMemory, Exchange
 from dashboard.plans.web import request_plans
 from dashboard.refusals import Refusal
 from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED
 
 bp = Blueprint("orbitpilot", __name__, url_prefix="/orbitpilot")
+log = logging.getLogger(__name__)
 
 # Settings read here, with their defaults (so they need no entry in dashboard/config.py):
 #   ORBITPILOT_RESPONDER  dotted path of the responder (default: the built-in, offline one)
@@ -253,12 +264,14 @@ def send():
         return _guest_send(text)
     conversation_id = request.form.get("conversation_id") or None
     embedder = get_embedder(current_app.config["EMBEDDER"]) if _memory_k() else None
+    send = {"user_id": current_user.id, "text": text, "conversation_id": conversation_id,
+            "embedder": embedder, "memory_k": _memory_k(),
+            "max_distance": match_distance(embedder, current_app.config["RECALL_MAX_DISTANCE"])
+            if embedder is not None else None}
+    if _stream_requested():
+        return _send_streamed(send)
     try:
-        exchange = services.send_message(
-            db.session, user_id=current_user.id, text=text, conversation_id=conversation_id,
-            responder=_responder(), embedder=embedder, memory_k=_memory_k(),
-            max_distance=match_distance(embedder, current_app.config["RECALL_MAX_DISTANCE"])
-            if embedder is not None else None)
+        exchange = services.send_message(db.session, responder=_responder(), **send)
     except Refusal as exc:
         return _send_refused(exc, text, conversation_id)
     memory = _chat_memory()
@@ -267,6 +280,66 @@ def send():
     if payload is not None:
         return jsonify(payload), 201
     return redirect(_conversation_url(exchange.conversation_id, exchange.reply.id), 303)
+
+
+def _stream_requested() -> bool:
+    return request.accept_mimetypes.best == "text/event-stream"
+
+
+def _event(name: str, data: dict[str, Any]) -> str:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _send_streamed(send: dict[str, Any]):
+    """The reply as server-sent events while the responder writes it: ``delta`` events
+    with its text, then ``done`` with what the JSON answer holds (both messages stored),
+    or ``error`` with the problem (the question rolled back). A send refused before any
+    of it (an empty message, someone else's or an ended conversation) is the JSON
+    problem, as without streaming. All writes happen in the stream, in one transaction:
+    the request's own ends when the response starts."""
+    try:
+        services.check_send(db.session, user_id=send["user_id"], text=send["text"],
+                            conversation_id=send["conversation_id"])
+    except Refusal as exc:
+        return _problem(refusal_status(exc), exc.sentence)
+    # Read now: in the stream the request's session may be gone, its rows with it.
+    memory = _chat_memory()
+    responder = _responder()
+    db.session.rollback()  # the check wrote nothing; the stream starts afresh
+
+    def events():
+        pending = None
+        try:
+            pending = services.begin_send(db.session, **send)
+            pieces: list[str] = []
+            for piece in services.stream_reply(responder, pending.context):
+                pieces.append(piece)
+                yield _event("delta", {"text": piece})
+            reply = Reply("".join(pieces).strip(), drew_on_summary(pending.context))
+            exchange = services.finish_send(db.session, pending, reply)
+            payload = _exchange_json(exchange, memory, guest=False)
+            db.session.commit()
+        except Refusal as exc:
+            _abandon(pending)
+            yield _event("error", {"status": refusal_status(exc), "detail": exc.sentence})
+            return
+        except Exception as exc:  # the status line is sent already: say it in an event
+            log.warning("a streamed reply failed: %s", type(exc).__name__)
+            _abandon(pending)
+            yield _event("error", {"status": 500, "detail": services.NO_ANSWER})
+            return
+        yield _event("done", payload)
+
+    response = Response(stream_with_context(events()), mimetype="text/event-stream")
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["X-Accel-Buffering"] = "no"  # a proxy in front passes each event on
+    return response
+
+
+def _abandon(pending: services.PendingReply | None) -> None:
+    if pending is not None:
+        services.abandon_send(pending)
+    db.session.rollback()
 
 
 def _send_refused(error: Refusal, draft: str, conversation_id: Any):

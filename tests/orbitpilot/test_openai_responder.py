@@ -453,3 +453,73 @@ def test_a_guest_is_answered_from_the_session_with_no_memory(client, use_openai)
     request = use_openai.requests[-1]
     assert "signed out" in request.system and "Nothing was recalled" in request.system
     assert [t["content"] for t in request.turns] == ["hello as a guest", ANSWER, "and again"]
+
+
+# -- streamed to the browser ------------------------------------------------------------------
+
+def streamed(client, text: str, conversation_id=None):
+    """A send asking for the reply as server-sent events; the response and its events."""
+    data = {"message": text, "csrf_token": token(client)}
+    if conversation_id is not None:
+        data["conversation_id"] = str(conversation_id)
+    response = client.post(SEND, data=data, headers={"Accept": "text/event-stream"})
+    events = []
+    if response.mimetype == "text/event-stream":
+        for raw in response.get_data(as_text=True).split("\n\n"):
+            if raw.strip():
+                name = next(line[7:] for line in raw.splitlines() if line.startswith("event: "))
+                data_line = next(line[6:] for line in raw.splitlines()
+                                 if line.startswith("data: "))
+                events.append((name, json.loads(data_line)))
+    return response, events
+
+
+def test_the_reply_is_streamed_piece_by_piece_then_stored(client, signed_in, db_session,
+                                                          use_openai):
+    response, events = streamed(client, "What did you find?")
+    assert response.status_code == 200 and response.mimetype == "text/event-stream"
+    assert response.headers["Cache-Control"] == "no-store"
+    names = [name for name, _ in events]
+    assert names == ["delta"] * len(ANSWER_PIECES) + ["done"]
+    assert [data["text"] for name, data in events if name == "delta"] == ANSWER_PIECES
+    done = events[-1][1]
+    assert done["reply"]["content"] == ANSWER
+    # The same answer a JSON send gets, and both turns stored.
+    plain = send(client, "And again?", done["conversation_id"]).get_json()
+    assert set(done) == set(plain)
+    stored = db_session.scalars(select(Message.content).where(
+        Message.conversation_id == done["conversation_id"]).order_by(Message.position)).all()
+    assert stored == ["What did you find?", ANSWER, "And again?", ANSWER]
+
+
+def test_the_builtin_reply_streams_too(client, signed_in, db_session):
+    response, events = streamed(client, "Hello there")
+    assert [name for name, _ in events][-1] == "done"
+    text = "".join(data["text"] for name, data in events if name == "delta").strip()
+    assert text == events[-1][1]["reply"]["content"] and text.startswith("You said:")
+    assert message_count(db_session, signed_in.id) == 2
+
+
+def test_a_stream_cut_off_midway_is_an_error_event_and_stores_nothing(
+        client, signed_in, db_session, use_openai):
+    use_openai.mode = "truncated"
+    response, events = streamed(client, "Where is the ledger?")
+    assert response.status_code == 200
+    assert events[-1] == ("error", {"status": 502, "detail": services.NO_ANSWER})
+    assert {name for name, _ in events[:-1]} <= {"delta"}
+    assert message_count(db_session, signed_in.id) == 0
+
+
+def test_a_send_refused_before_streaming_is_the_problem_as_ever(client, signed_in, db_session,
+                                                                use_openai):
+    empty, _ = streamed(client, "   ")
+    assert empty.status_code == 400 and empty.mimetype == "application/problem+json"
+    _, events = streamed(client, "first")
+    conversation = events[-1][1]["conversation_id"]
+    ended = client.post(f"/orbitpilot/c/{conversation}/end",
+                        data={"csrf_token": token(client), "format": "json"})
+    assert ended.status_code == 200
+    refused, _ = streamed(client, "after the end", conversation)
+    assert refused.status_code == 409
+    assert message_count(db_session, signed_in.id) == 2
+    assert len(use_openai.requests) == 1

@@ -32,6 +32,85 @@
     });
   }
 
+  /* A send, with the reply streamed in as it is written: server-sent events over the
+     fetch's body ("delta" pieces, then "done" with the JSON answer, or "error"). Any
+     answer that is not a stream (a guest's, a refusal) is read as JSON. */
+  function readEvent(raw) {
+    var name = "message", data = [];
+    raw.split("\n").forEach(function (line) {
+      if (line.indexOf("event:") === 0) { name = line.slice(6).trim(); }
+      else if (line.indexOf("data:") === 0) { data.push(line.slice(5).replace(/^ /, "")); }
+    });
+    return { name: name, data: data.length ? JSON.parse(data.join("\n")) : {} };
+  }
+
+  function postStreamed(form, onDelta) {
+    var data = new FormData(form);
+    data.set("format", "json");
+    return fetch(form.action, {
+      method: "POST",
+      body: data,
+      credentials: "same-origin",
+      headers: { "Accept": "text/event-stream", "X-CSRFToken": csrfToken(form) }
+    }).then(function (response) {
+      var type = response.headers.get("Content-Type") || "";
+      if (!response.ok || type.indexOf("text/event-stream") !== 0 || !response.body) {
+        return response.json().catch(function () { return {}; }).then(function (body) {
+          if (!response.ok) { throw new Error(body.detail || "Something went wrong. Try again."); }
+          return body;
+        });
+      }
+      var reader = response.body.getReader();
+      var decoder = new TextDecoder();
+      var buffer = "";
+      return new Promise(function (resolve, reject) {
+        function pump() {
+          reader.read().then(function (chunk) {
+            if (chunk.done) { reject(new Error("The answer was cut off. Try again.")); return; }
+            buffer += decoder.decode(chunk.value, { stream: true });
+            var end;
+            while ((end = buffer.indexOf("\n\n")) >= 0) {
+              var event = readEvent(buffer.slice(0, end));
+              buffer = buffer.slice(end + 2);
+              if (event.name === "delta") { onDelta(event.data.text || ""); }
+              else if (event.name === "done") { resolve(event.data); return; }
+              else if (event.name === "error") {
+                reject(new Error(event.data.detail || "Something went wrong. Try again."));
+                return;
+              }
+            }
+            pump();
+          }, reject);
+        }
+        pump();
+      });
+    });
+  }
+
+  /* The exchange as it is being written: the question, then the reply growing; both are
+     replaced by the server's own rendering once it is stored. */
+  function bubbleOf(role, who, text) {
+    var message = document.createElement("div");
+    message.className = "op-msg op-msg-" + role + " op-pending";
+    message.setAttribute("data-op-pending", "");
+    var name = document.createElement("div");
+    name.className = "op-who";
+    name.textContent = who;
+    var bubble = document.createElement("div");
+    bubble.className = "op-bubble";
+    bubble.textContent = text;
+    message.appendChild(name);
+    message.appendChild(bubble);
+    return message;
+  }
+
+  function pendingExchange(question) {
+    var asked = bubbleOf("user", "You", question);
+    var reply = bubbleOf("assistant", "OrbitPilot", "");
+    reply.setAttribute("aria-live", "polite");
+    return { nodes: [asked, reply], bubble: reply.querySelector(".op-bubble") };
+  }
+
   function rootOf(element) {
     return element.closest("[data-op-chat-root]") || document;
   }
@@ -132,9 +211,24 @@
     }
     button.disabled = true;
     setError(form, "");
-    postJson(form).then(function (body) {
-      var root = rootOf(form);
-      var thread = root.querySelector("[data-op-thread]");
+    var root = rootOf(form);
+    var thread = root.querySelector("[data-op-thread]");
+    var pending = pendingExchange(textarea.value.trim());
+    var streamed = window.ReadableStream && window.TextDecoder;
+    var sent = streamed ? postStreamed(form, function (text) {
+      if (!pending.nodes[0].parentNode) {
+        pending.nodes.forEach(function (node) { thread.appendChild(node); });
+      }
+      pending.bubble.textContent += text;
+      scrollDown(thread);
+    }) : postJson(form);
+    function dropPending() {
+      pending.nodes.forEach(function (node) {
+        if (node.parentNode) { node.parentNode.removeChild(node); }
+      });
+    }
+    sent.then(function (body) {
+      dropPending();
       var empty = thread.querySelector("[data-op-empty]");
       if (empty) { empty.parentNode.removeChild(empty); }
       thread.insertAdjacentHTML("beforeend", body.html);
@@ -155,6 +249,7 @@
       }
       scrollDown(thread);
     }).catch(function (error) {
+      dropPending();
       setError(form, error.message);
     }).then(function () {
       button.disabled = false;
