@@ -184,7 +184,9 @@ class Page:
         self.find("input[name=email]").send_keys(email)
         self.find("input[name=password]").send_keys(PASSWORD)
         self.click("form button[type=submit]")
-        self.wait_for_text(email)  # the navbar of the page it lands on
+        # The navbar of the page it lands on (folded away on a phone: in the DOM, not shown).
+        self.wait().until(lambda driver: "/auth/signin" not in driver.current_url
+                          and email in driver.page_source)
 
     def screenshot(self, name: str) -> Path | None:
         """Save what the browser shows as ``<name>`` in ``self.screenshots``. A folder that
