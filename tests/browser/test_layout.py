@@ -111,3 +111,51 @@ def test_on_a_phone_the_open_dock_takes_the_screen(page, sized, reader):
     composer.click()  # reachable, not under anything
     assert page.driver.switch_to.active_element == composer
     page.assert_no_violations()
+
+
+CONTRAST_OF = """
+const out = [];
+for (const el of document.querySelectorAll(arguments[0])) {
+  if (!el.offsetParent || !el.textContent.trim()) continue;
+  let bg = el, color = getComputedStyle(el).backgroundColor;
+  while (bg && (color === 'rgba(0, 0, 0, 0)' || color === 'transparent')) {
+    bg = bg.parentElement;
+    color = bg ? getComputedStyle(bg).backgroundColor : 'rgb(255, 255, 255)';
+  }
+  out.push([getComputedStyle(el).color, color, el.textContent.trim().slice(0, 30)]);
+}
+return out;"""
+
+
+def _rgb(css: str) -> tuple[float, ...]:
+    parts = [float(p) for p in css[css.index("(") + 1:-1].split(",")]
+    return tuple(parts) if len(parts) == 4 else (*parts, 1.0)
+
+
+def contrast(foreground: str, background: str) -> float:
+    """WCAG contrast of a colour (alpha blended onto its background) and the background."""
+    *fg, alpha = _rgb(foreground)
+    bg = _rgb(background)[:3]
+    mixed = [alpha * f + (1 - alpha) * b for f, b in zip(fg, bg, strict=True)]
+
+    def luminance(rgb) -> float:
+        c = [x / 255 for x in rgb]
+        c = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+
+    high, low = sorted([luminance(mixed), luminance(bg)], reverse=True)
+    return (high + 0.05) / (low + 0.05)
+
+
+def test_small_grey_text_and_the_menu_meet_wcag_aa_contrast(page, sized, reader):
+    sized(DESKTOP)
+    page.sign_in(reader.email)
+    seen = []
+    for path in ("/blinks/", "/orbitpilot/"):
+        page.open(path)
+        for selector in (".op-notice", "[data-op-nav] .nav-link", ".text-muted", ".op-who"):
+            for color, background, text in page.driver.execute_script(CONTRAST_OF, selector):
+                seen.append(selector)
+                assert contrast(color, background) >= 4.5, (path, selector, text, color,
+                                                            background)
+    assert {".op-notice", "[data-op-nav] .nav-link"} <= set(seen)
