@@ -6,6 +6,14 @@
   "use strict";
 
   function ready() {
+    // Flask-Admin's page names no language; the app's pages say English.
+    if (!document.documentElement.lang) { document.documentElement.lang = "en"; }
+    // Its column help icons are links with a title only: give them a name.
+    document.querySelectorAll("a[data-role=tooltip][title]").forEach(function (link) {
+      if (!link.getAttribute("aria-label")) {
+        link.setAttribute("aria-label", "About this column: " + link.getAttribute("title"));
+      }
+    });
     document.querySelectorAll("[data-model-action]").forEach(function (element) {
       element.addEventListener("click", function (event) {
         event.preventDefault();
