@@ -116,3 +116,31 @@ def test_no_page_has_a_wcag_aa_violation(page, axe, world, identity, width_heigh
         assert found == {}
     finally:
         page.driver.set_window_size(1280, 1000)
+
+
+STAFF_LISTS = ["/admin/audit/", "/admin/builds/", "/admin/markers/", "/admin/api_keys/",
+               "/admin/user/", "/admin/plan/", "/admin/connections/", "/admin/assignments/",
+               "/support/plans", "/support/"]
+WIDEST = """
+const out = [];
+for (const table of document.querySelectorAll('table')) {
+  const box = table.parentElement.getBoundingClientRect();
+  out.push([Math.round(table.scrollWidth), Math.round(box.width)]);
+}
+return [document.documentElement.scrollWidth, document.documentElement.clientWidth, out];"""
+
+
+def test_every_staff_list_fits_a_1280_pixel_screen(page, world):
+    _, emails = world
+    page.driver.set_window_size(1280, 900)
+    try:
+        page.sign_in(emails["admin"])
+        wide = {}
+        for path in STAFF_LISTS:
+            page.open(path)
+            page_width, screen, tables = page.driver.execute_script(WIDEST)
+            if page_width > screen or any(table > box + 1 for table, box in tables):
+                wide[path] = (page_width, screen, tables)
+        assert wide == {}
+    finally:
+        page.driver.set_window_size(1280, 1000)
