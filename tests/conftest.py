@@ -12,6 +12,7 @@ import os
 import random
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,15 +55,37 @@ def pytest_runtest_makereport(item, call):
 # whenever any session starts, which locks the embedded PostgreSQL's system user out of
 # the folders another run gave it (initdb: "Permission denied"). Removed after a green run.
 RUN_TEMP = Path(tempfile.gettempdir()) / f"orbitpilot-pytest-{os.getpid()}"
+DIRT_BEFORE = pytest.StashKey[set]()
+
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def dirty_paths(root: Path = REPOSITORY) -> set[str]:
+    """What ``git status`` lists in the checkout (untracked files too); empty outside git."""
+    try:
+        done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                              cwd=root, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return set(done.stdout.splitlines()) if done.returncode == 0 else set()
 
 
 def pytest_configure(config):
     if config.option.basetemp is None:
         config.option.basetemp = str(RUN_TEMP)
+    config.stash[DIRT_BEFORE] = dirty_paths()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if exitstatus == 0 and Path(session.config.option.basetemp) == RUN_TEMP:
+    # A run that leaves the checkout dirty fails, whatever its tests said.
+    left = dirty_paths() - session.config.stash.get(DIRT_BEFORE, set())
+    if left:
+        session.config.get_terminal_writer().line(
+            "the test run left the checkout dirty (git status):\n  " + "\n  ".join(sorted(left)),
+            red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.exitstatus == 0 and Path(session.config.option.basetemp) == RUN_TEMP:
         shutil.rmtree(RUN_TEMP, ignore_errors=True)
 
 

@@ -85,3 +85,17 @@ def test_a_virtualenv_left_half_made_by_a_killed_first_run_is_made_again(tmp_pat
     assert installs(log)[0].startswith("install --quiet --disable-pip-version-check --upgrade")
     assert installs(log)[-1].endswith("-e .")
     assert (venv / ".orbitpilot-installed").exists()
+
+
+def test_a_file_a_test_leaves_in_the_checkout_is_seen_as_dirt():
+    """What makes a run that leaves ``git status`` dirty fail (``pytest_sessionfinish``)."""
+    from tests.conftest import REPOSITORY, dirty_paths
+
+    before = dirty_paths()
+    stray = REPOSITORY / f"left-behind-{os.getpid()}.tmp"
+    stray.write_text("x")
+    try:
+        assert dirty_paths() - before == {f"?? {stray.name}"}
+    finally:
+        stray.unlink()
+    assert dirty_paths() == before
