@@ -73,11 +73,18 @@ def test_on_a_desktop_the_menu_is_open_without_a_button(page, sized, reader):
     assert visible_links(page) == MENU
 
 
-@pytest.mark.parametrize("window", [DESKTOP, PHONE], ids=["desktop", "phone"])
-def test_the_closed_dock_covers_no_control_of_the_page(page, sized, reader, window):
+@pytest.mark.parametrize("window, dock", [(DESKTOP, "closed"), (PHONE, "closed"),
+                                          (DESKTOP, "open")],
+                         ids=["desktop", "phone", "desktop-dock-open"])
+def test_the_dock_covers_no_control_of_the_page(page, sized, reader, window, dock):
+    """(On a phone the open dock is the whole screen, on purpose.)"""
     sized(window)
     page.sign_in(reader.email)
     page.open("/blinks/")
+    if dock == "open":
+        page.find(".op-dock > summary").click()
+        page.wait().until(lambda d: d.find_element(By.CSS_SELECTOR, ".op-dock").get_attribute(
+            "open") is not None)
     controls = [e for e in page.driver.find_elements(
         By.CSS_SELECTOR, "main a, main button, main input, main textarea, main select")
         if e.is_displayed()]
@@ -92,6 +99,7 @@ def test_the_closed_dock_covers_no_control_of_the_page(page, sized, reader, wind
         "const d = document.querySelector('.op-dock').getBoundingClientRect();"
         "return {control: [r.top, r.bottom, r.right], dock: [d.top, d.left]};", last)
     assert covered is False, repr(where)
+    last.click()  # Selenium's own click: refused if anything lies over it
 
 
 def test_on_a_phone_the_open_dock_takes_the_screen(page, sized, reader):
