@@ -26,6 +26,7 @@ def sized(page):
 
     yield size
     page.driver.set_window_size(1280, 1000)  # the browser's own, for the next test
+    page.driver.execute_script("window.localStorage.clear()")  # the dock's remembered state
 
 
 @pytest.fixture
@@ -36,6 +37,15 @@ def reader(committed):
         make_blink(committed.session, user, f"Blink number {n}", title=f"Blink {n}")
     committed.session.commit()
     return user
+
+
+def set_dock(page, open_: bool) -> None:
+    """Open or close the dock (it remembers its state between pages and tests)."""
+    dock = page.find(".op-dock")
+    if (dock.get_attribute("open") is not None) != open_:
+        page.find(".op-dock > summary").click()
+    page.wait().until(lambda d: (d.find_element(By.CSS_SELECTOR, ".op-dock").get_attribute(
+        "open") is not None) == open_)
 
 
 def visible_links(page) -> list[str]:
@@ -81,10 +91,7 @@ def test_the_dock_covers_no_control_of_the_page(page, sized, reader, window, doc
     sized(window)
     page.sign_in(reader.email)
     page.open("/blinks/")
-    if dock == "open":
-        page.find(".op-dock > summary").click()
-        page.wait().until(lambda d: d.find_element(By.CSS_SELECTOR, ".op-dock").get_attribute(
-            "open") is not None)
+    set_dock(page, dock == "open")
     controls = [e for e in page.driver.find_elements(
         By.CSS_SELECTOR, "main a, main button, main input, main textarea, main select")
         if e.is_displayed()]
@@ -106,9 +113,7 @@ def test_on_a_phone_the_open_dock_takes_the_screen(page, sized, reader):
     sized(PHONE)
     page.sign_in(reader.email)
     page.open("/blinks/")
-    page.find(".op-dock > summary").click()
-    page.wait().until(lambda d: d.find_element(By.CSS_SELECTOR, ".op-dock").get_attribute(
-        "open") is not None)
+    set_dock(page, True)
     box = page.driver.execute_script(
         "const r = document.querySelector('.op-dock').getBoundingClientRect();"
         "const v = document.documentElement;"
@@ -118,6 +123,7 @@ def test_on_a_phone_the_open_dock_takes_the_screen(page, sized, reader):
     composer = page.find(".op-dock [data-op-composer] textarea")
     composer.click()  # reachable, not under anything
     assert page.driver.switch_to.active_element == composer
+    set_dock(page, False)  # as the next test expects to find it
     page.assert_no_violations()
 
 
