@@ -173,3 +173,20 @@ def test_small_grey_text_and_the_menu_meet_wcag_aa_contrast(page, sized, reader)
                 assert contrast(color, background) >= 4.5, (path, selector, text, color,
                                                             background)
     assert {".op-notice", "[data-op-nav] .nav-link"} <= set(seen)
+
+
+def test_a_new_keys_copy_button_copies_it(page, sized, reader):
+    sized(DESKTOP)
+    page.driver.execute_cdp_cmd("Browser.grantPermissions", {
+        "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+    page.sign_in(reader.email)
+    page.open("/settings/keys/")
+    page.find("input[name=name]").send_keys("Copy test")
+    page.click("main form button[type=submit]", "Create key")
+    secret = page.find("#api-key-secret").get_attribute("value")
+    page.click("[data-op-copy]")
+    page.wait().until(lambda d: "Copied" in page.find("[data-op-copied]").text)
+    copied = page.driver.execute_async_script(
+        "const done = arguments[0]; navigator.clipboard.readText().then(done, e => done(''));")
+    assert copied == secret and secret.startswith("op_")
+    page.assert_no_violations()

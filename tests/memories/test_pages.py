@@ -26,6 +26,7 @@ from dashboard.plans.services import get_plan_for_user, resolve_sources
 from dashboard.sources import SAVED
 from tests.conftest import csrf_from
 from tests.factories import make_plan, make_user, settle
+from tests.orbitpilot.dom import parse
 
 INDEX = "/memories/"
 HARD_DELETE_LINE = "Permanent deletion is done through the memory API"
@@ -558,3 +559,19 @@ def test_the_receipt_page_lists_the_memorys_receipts_without_content(client, db_
         assert f'href="/memories/receipts/{marker.id}"' in html
     assert len(markers(db_session, memory)) == 3
     assert client.get(f"/memories/receipts/{last.marker_id}").status_code == 200
+
+
+def test_a_soft_deletes_receipt_offers_restore_while_it_is_the_last_word(client, db_session,
+                                                                        owner):
+    memory = remember(db_session, owner, "I take my tea green")
+    deleted = services.forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
+                                     actor=Actor.of(owner))
+    settled(db_session)
+    page = parse(client.get(f"/memories/receipts/{deleted.marker_id}").get_data(as_text=True))
+    restore = page.find("a", data_restore=True)
+    assert restore is not None and restore.attrs["href"] == f"/memories/{memory.id}/restore"
+    assert client.get(restore.attrs["href"]).status_code == 200  # it asks first
+    services.restore_memory(db_session, owner.id, memory.id, actor=Actor.of(owner))
+    settled(db_session)
+    page = parse(client.get(f"/memories/receipts/{deleted.marker_id}").get_data(as_text=True))
+    assert page.find("a", data_restore=True) is None  # restored since: nothing to offer
