@@ -4,7 +4,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from flask_login import UserMixin
-from sqlalchemy import Boolean, CheckConstraint, DateTime, ForeignKey, String
+from sqlalchemy import Boolean, CheckConstraint, DateTime, ForeignKey, Index, String, func
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
@@ -18,7 +18,11 @@ ROLES = ("user", "support", "admin")
 
 class User(UserMixin, db.Model):
     __tablename__ = "users"
-    __table_args__ = (CheckConstraint(f"role IN {ROLES!r}", name="role"),)
+    __table_args__ = (
+        CheckConstraint(f"role IN {ROLES!r}", name="role"),
+        # Support's search by the start of an email or of its domain (migration 0010).
+        Index("ix_users_email_prefix", "email", postgresql_ops={"email": "text_pattern_ops"}),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     # Stored lower-cased; uniqueness is case-insensitive by construction.
@@ -63,3 +67,7 @@ class User(UserMixin, db.Model):
     def __repr__(self) -> str:
         return f"<User {self.id} {self.role}>"
 
+
+# ... and by the start of its domain (an expression, so declared once the table is).
+Index("ix_users_email_domain", func.split_part(User.email, "@", 2).label("email_domain"),
+      postgresql_ops={"email_domain": "text_pattern_ops"})

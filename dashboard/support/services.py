@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
@@ -94,6 +94,56 @@ class UserTrace:
     pending: BuildSummary | None  # the queued request, if any
     running: BuildSummary | None
     history: tuple[BuildSummary, ...]  # the latest HISTORY_LIMIT builds, newest first
+
+
+# The start of an email or of its domain: at least this many characters, and at most
+# this many users listed.
+MIN_PART = 3
+MAX_MATCHES = 20
+
+
+@dataclass(frozen=True)
+class UserMatch:
+    id: int
+    email: str
+    role: str
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def match_query(query: str, *, limit: int) -> Any:
+    """The SELECT of users whose email, or its domain, starts with ``query`` ("@part": the
+    domain only), or None when it is too short or too long to be part of an email."""
+    text = query.strip().lower()
+    domain_only = text.startswith("@")
+    text = text.lstrip("@")
+    if len(text) < MIN_PART or len(text) > MAX_EMAIL_LENGTH:
+        return None
+    prefix = _like_prefix(text)
+    domain = func.split_part(User.email, "@", 2).like(prefix, escape="\\")
+    condition = domain if domain_only else or_(User.email.like(prefix, escape="\\"), domain)
+    return (select(User.id, User.email, User.role).where(condition)
+            .order_by(User.email).limit(limit))
+
+
+def find_users(session: Session, query: str, *,
+               limit: int = MAX_MATCHES) -> tuple[list[UserMatch], bool]:
+    """The users ``query`` names: a user id or a whole email (at most one), else every
+    user whose email, or its domain, starts with it (any case; from ``MIN_PART``
+    characters; "@example" means the domain), in email order, through the two prefix
+    indexes; and whether more matched than are listed."""
+    columns = (User.id, User.email, User.role)
+    exact = find_user_id(session, query)
+    if exact is not None:
+        row = session.execute(select(*columns).where(User.id == exact)).one()
+        return [UserMatch(*row)], False
+    statement = match_query(query, limit=limit + 1)
+    if statement is None:
+        return [], False
+    rows = session.execute(statement).all()
+    return [UserMatch(*row) for row in rows[:limit]], len(rows) > limit
 
 
 def find_user_id(session: Session, query: str) -> int | None:

@@ -12,10 +12,11 @@ from flask_admin import BaseView, expose
 
 from dashboard.extensions import db
 from dashboard.staff import RoleGate
-from dashboard.support.services import find_user_id, plan_report, user_trace
+from dashboard.support.services import MIN_PART, find_users, plan_report, user_trace
 
 NO_SUCH_USER = "There is no such user."
-NO_MATCH = "No user has that email or id."
+NO_MATCH = "No user has that email or id, or an email with that in it."
+TOO_SHORT = f"Type at least {MIN_PART} characters of an email, or a user id."
 
 
 class SupportView(RoleGate, BaseView):
@@ -24,11 +25,16 @@ class SupportView(RoleGate, BaseView):
         query = request.args.get("q", "").strip()
         if not query:
             return self.render("support/index.html", q="", message=None)
-        user_id = find_user_id(db.session, query)
-        if user_id is None:
+        matches, more = find_users(db.session, query)
+        if len(matches) == 1 and not more:
+            return redirect(self.get_url(".trace", user_id=matches[0].id))
+        if not matches:
             # The same page again, with the query kept so it can be corrected.
-            return self.render("support/index.html", q=query, message=NO_MATCH), 404
-        return redirect(self.get_url(".trace", user_id=user_id))
+            short = len(query) < MIN_PART and not query.isdigit()
+            return self.render("support/index.html", q=query,
+                               message=TOO_SHORT if short else NO_MATCH), 404
+        return self.render("support/index.html", q=query, message=None, matches=matches,
+                           more=more)
 
     @expose("/users/<int:user_id>")
     def trace(self, user_id: int) -> Any:

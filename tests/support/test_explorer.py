@@ -10,7 +10,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, text
 
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
@@ -20,7 +20,14 @@ from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryChunk
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.services import UserPlan, resolve_sources
 from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED
-from dashboard.support.services import plan_report, user_trace
+from dashboard.support.services import (
+    MAX_MATCHES,
+    find_users,
+    match_query,
+    plan_report,
+    user_trace,
+)
+from dashboard.support.views import NO_MATCH, TOO_SHORT
 from tests.factories import default_plan, make_build_record, make_conversation, make_plan, make_user
 
 SUPPORT = "help@example.test"
@@ -121,7 +128,7 @@ def test_lookup_miss_is_404_with_a_plain_message(client, auth, target, query):
     auth.login(SUPPORT)
     response = client.get("/support/", query_string={"q": query})
     assert response.status_code == 404
-    assert "No user has that email or id." in html(response)
+    assert NO_MATCH in html(response)
 
 
 def test_lookup_with_a_nul_byte_is_refused_not_an_error(client, auth, staff):
@@ -428,3 +435,73 @@ def test_no_page_shows_content(client, auth, db_session, staff, email):
         assert canary not in html(response)
     # The trace did show this user: ids, email, counts.
     assert "owner@example.test" in html(pages[2]) and "Total chunks" in html(pages[2])
+
+
+
+# -- finding a user by part of an email ----------------------------------------------------
+
+def test_part_of_an_email_finds_its_one_user(client, auth, staff, db_session):
+    found = make_user(db_session, email="free@demo.orbitpilot.test")
+    auth.login(SUPPORT)
+    response = client.get("/support/", query_string={"q": "free"})
+    assert response.status_code == 302
+    assert response.headers["Location"].endswith(f"/support/users/{found.id}")
+
+
+def test_a_part_several_emails_hold_lists_them(client, auth, staff, db_session):
+    mine = [make_user(db_session, email=f"part-{n}@listed.test") for n in range(3)]
+    make_user(db_session, email="other@elsewhere.test")
+    auth.login(SUPPORT)
+    response = client.get("/support/", query_string={"q": "@LISTED"})
+    assert response.status_code == 200
+    links = re.findall(r'href="/support/users/(\d+)">([^<]+)</a>', html(response))
+    assert links == [(str(u.id), u.email) for u in mine]
+
+
+def test_too_short_a_part_says_so(client, auth, staff):
+    auth.login(SUPPORT)
+    response = client.get("/support/", query_string={"q": "fr"})
+    assert response.status_code == 404 and TOO_SHORT in html(response)
+
+
+def test_wildcards_in_a_part_are_plain_characters(db_session):
+    make_user(db_session, email="axb@wild.test")
+    assert find_users(db_session, "a_b@wild")[0] == []
+    assert find_users(db_session, "a%b")[0] == []
+    assert find_users(db_session, "%xb")[0] == []
+    assert [m.email for m in find_users(db_session, "axb@wild")[0]] == ["axb@wild.test"]
+
+
+def test_more_matches_than_listed_are_said_to_be_more(db_session):
+    for n in range(MAX_MATCHES + 2):
+        make_user(db_session, email=f"many{n:03}@crowd.test")
+    matches, more = find_users(db_session, "many")
+    assert len(matches) == MAX_MATCHES and more is True
+
+
+def _insert_users(session, count: int, domain: str) -> None:
+    session.execute(User.__table__.insert(), [
+        {"email": f"bulk{n}@{domain}", "display_name": "", "password_hash": "x", "role": "user"}
+        for n in range(count)])
+
+
+@pytest.mark.parametrize("count", [10, 10_000])
+def test_the_search_costs_one_query_whatever_the_number_of_users(db_session, count_queries,
+                                                                 count):
+    _insert_users(db_session, count, f"n{count}.test")
+    make_user(db_session, email="needle-7f3a@haystack.test")
+    with count_queries() as queries:
+        matches, _ = find_users(db_session, "needle-7f3a")
+    assert [m.email for m in matches] == ["needle-7f3a@haystack.test"]
+    assert queries.count == 1
+
+
+def test_the_search_reads_the_two_prefix_indexes(db_session):
+    _insert_users(db_session, 10_000, "plan.test")
+    db_session.execute(text("ANALYZE users"))
+    statement = match_query("needle-7f3a", limit=MAX_MATCHES + 1)
+    sql = str(statement.compile(dialect=db_session.get_bind().dialect,
+                                compile_kwargs={"literal_binds": True}))
+    plan = "\n".join(db_session.execute(text(f"EXPLAIN {sql}")).scalars())
+    assert "ix_users_email_prefix" in plan and "ix_users_email_domain" in plan, plan
+    assert "Seq Scan" not in plan, plan
