@@ -27,6 +27,40 @@ TITLES = {400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not F
           503: "Service Unavailable"}
 
 
+# What an error page says, in our words, when the error brought none of its own.
+PAGE_WORDS = {
+    400: ("That did not work", "This page could not take that request. Go back and try "
+                               "again."),
+    401: ("Sign in first", "This page is for signed-in people."),
+    403: ("Not for this account", "Your account cannot open this page. If you think it "
+                                  "should, ask an administrator."),
+    404: ("Page not found", "There is nothing at this address: it may have moved, or the "
+                            "link may be mistyped."),
+    405: ("Not this way", "This address does not take that kind of request."),
+    410: ("Gone for good", "What was here has been removed."),
+    413: ("Too large", "That is more than this page accepts."),
+    500: ("Something went wrong", "Something went wrong on our side. Try again in a moment."),
+}
+STAFF_PATHS = ("/admin", "/support")
+
+
+def page_words(exc: HTTPException) -> tuple[str, str]:
+    """A page's title and sentence: ours, unless the code that raised it gave a sentence
+    of its own (werkzeug's stock ones are not ours)."""
+    code = exc.code or 500
+    title, sentence = PAGE_WORDS.get(code, (exc.name, exc.description or exc.name))
+    own = exc.description and exc.description != type(exc).description
+    return title, exc.description if own else sentence
+
+
+def _error_page(code: int, title: str, detail: str):
+    """The error page, in the context it happened in: the staff console's own way back
+    and no chat dock there; the home page (or sign-in) elsewhere."""
+    staff = request.path.startswith(STAFF_PATHS)
+    return render_template("error.html", code=code, title=title, detail=detail,
+                           staff=staff), code
+
+
 def refusal_status(refusal: Refusal) -> int:
     return PAGE_STATUS.get(refusal.kind, 400)
 
@@ -69,7 +103,7 @@ def _wait_words(seconds: int) -> str:
 def _page(code: int, title: str, detail: str):
     if wants_json():
         return problem(code, title, detail)
-    return render_template("error.html", code=code, title=title, detail=detail), code
+    return _error_page(code, title, detail)
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -105,7 +139,7 @@ def register_error_handlers(app: Flask) -> None:
         detail = "The form expired or was sent without its security token. Reload and try again."
         if wants_json():
             return problem(400, "CSRF token missing or invalid", detail)
-        return render_template("error.html", code=400, title="Form expired", detail=detail), 400
+        return _error_page(400, "Form expired", detail)
 
     @app.errorhandler(ClientDisconnected)
     def unreadable_body(exc: ClientDisconnected):
@@ -117,8 +151,7 @@ def register_error_handlers(app: Flask) -> None:
         if wants_json():
             response = problem(code, exc.name, exc.description or exc.name)
         else:
-            response = make_response(render_template(
-                "error.html", code=code, title=exc.name, detail=exc.description), code)
+            response = make_response(_error_page(code, *page_words(exc)))
         # The exception's own headers: Allow on a 405, WWW-Authenticate on a 401.
         for name, value in exc.get_headers():
             if name.lower() != "content-type":
@@ -135,5 +168,4 @@ def register_error_handlers(app: Flask) -> None:
         err = InternalServerError()
         if wants_json():
             return problem(500, err.name, "Something went wrong on our side.")
-        return render_template("error.html", code=500, title=err.name,
-                               detail="Something went wrong on our side."), 500
+        return _error_page(500, *page_words(err))
