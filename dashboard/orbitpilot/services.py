@@ -673,9 +673,12 @@ def catch_reply(session: Session, *, user_id: int, message_id: Any) -> CatchResu
     message = _owned_message(session, user_id, message_id)
     if message.role != "assistant":
         raise ChatError("Only OrbitPilot's replies can be caught as a Blink.")
+    # Titled by where it came from: the reply's own first words would show twice.
+    conversation_title = session.scalar(select(Conversation.title).where(
+        Conversation.id == message.conversation_id)) or "a conversation"
+    title = f"Caught from “{derive_title(conversation_title, BLINK_MAX_TITLE // 2)}”"
     try:
-        blink: Blink = create_blink(session, user_id=user_id,
-                                    title=derive_title(message.content, BLINK_MAX_TITLE // 2),
+        blink: Blink = create_blink(session, user_id=user_id, title=title,
                                     content=message.content)
     except BlinkError as exc:
         raise ChatError(exc.sentence) from None

@@ -423,7 +423,8 @@ def orbitpilot_catch():
     db.session.commit()
     if _json_requested():
         return jsonify(message_id=result.message_id, blink_id=result.blink_id,
-                       title=result.title, label="Saved as a Blink"), 201
+                       title=result.title, label="Saved as a Blink",
+                       blink_url=url_for("blinks.edit", id=result.blink_id)), 201
     flash("Caught: the reply is saved as a Blink.", "success")
     return redirect(_conversation_url(result.conversation_id, result.message_id), 303)
 

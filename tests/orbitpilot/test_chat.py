@@ -623,7 +623,8 @@ def test_catch_saves_a_reply_as_a_blink(client, signed_in, db_session):
     caught = response.get_json()
     blink = db_session.get(Blink, caught["blink_id"])
     assert (blink.user_id, blink.content) == (signed_in.id, body["reply"]["content"])
-    assert blink.title == caught["title"] and blink.title
+    assert blink.title == caught["title"] == "Caught from “Tell me about Porto”"
+    assert caught["blink_url"] == f"/blinks/edit/?id={blink.id}"
     assert caught["message_id"] == body["reply"]["id"]
     # A new Blink changes the next build: memory.changes requested it.
     assert [b.trigger for b in builds_of(db_session, signed_in.id)] == ["content_change"]

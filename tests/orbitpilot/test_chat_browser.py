@@ -72,7 +72,9 @@ def test_the_eye_send_and_catch_work_without_a_reload(page, chatter, committed):
     reply.find_element(By.CSS_SELECTOR, "[data-op-action=catch] button").click()
     page.wait().until(lambda d: "Saved as a Blink" in page.text)
     committed.session.expire_all()
-    assert committed.session.scalars(select(Blink).where(Blink.user_id == user.id)).one()
+    blink = committed.session.scalars(select(Blink).where(Blink.user_id == user.id)).one()
+    caught = reply.find_element(By.CSS_SELECTOR, "[data-op-caught] a")
+    assert caught.get_attribute("href").endswith(f"/blinks/edit/?id={blink.id}")
 
     assert page.driver.execute_script("return window.opMarker") == "same page"
     page.screenshot("chat-caught.png")  # not docs/screenshots/chat.png: another page

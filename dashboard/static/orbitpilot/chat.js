@@ -179,7 +179,14 @@
       button.setAttribute("aria-label", body.label);
       button.setAttribute("title", body.label);
       var done = form.closest(".op-msg").querySelector("[data-op-caught]");
-      if (done) { done.textContent = body.label; done.classList.remove("d-none"); }
+      if (done) {
+        done.textContent = "";
+        var link = document.createElement("a");
+        link.href = body.blink_url;
+        link.textContent = body.label;
+        done.appendChild(link);
+        done.classList.remove("d-none");
+      }
     }).catch(function (error) {
       button.disabled = false;
       actionError(form, error.message);
