@@ -11,11 +11,13 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from flask import abort, request
+from flask import abort, request, url_for
 from flask_admin.contrib.sqla.filters import BaseSQLAFilter, FilterEqual
 from markupsafe import Markup
+from sqlalchemy import Integer, String, column, select, table
 
 from dashboard.audit.models import AuditEvent
+from dashboard.extensions import db
 from dashboard.ids import INT8_MAX, parse_int
 from dashboard.staff import ReadOnlyView
 
@@ -25,6 +27,10 @@ PAGE_SIZE = 50
 EXPORT_MAX_ROWS = 10_000
 CURSOR_ARGS = ("before_seq", "after_seq")
 _PAGE_KEY = "orbitpilot.audit_page"
+_EMAILS_KEY = "orbitpilot.audit_actor_emails"
+# The accounts table by name: the audit log is written by the accounts package, so it
+# must not import it (that would be a circle).
+_USERS = table("users", column("id", Integer), column("email", String))
 # A spreadsheet runs a cell that starts with one of these as a formula (OWASP's list).
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 _LIST_VALUE_CHARS = 60
@@ -186,7 +192,19 @@ def _pair(kind: str | None, ident: str | None) -> str:
     return f"{kind}:{ident}" if ident is not None else kind
 
 
-def _actor(view: Any, context: Any, model: AuditEvent, name: str) -> str:
+PEOPLE = ("admin", "support", "user")
+
+
+def _actor(view: Any, context: Any, model: AuditEvent, name: str) -> Any:
+    """A person by email, linked to their support trace (the page's emails are read in
+    one query, ``get_list``); a key, the system or someone since deleted by kind and id."""
+    emails = request.environ.get(_EMAILS_KEY, {})
+    if model.actor_type in PEOPLE and model.actor_id and model.actor_id.isdigit():
+        email = emails.get(int(model.actor_id))
+        if email:
+            return Markup('<a href="{}" title="{}">{}</a>').format(
+                url_for("support.trace", user_id=int(model.actor_id)),
+                _pair(model.actor_type, model.actor_id), email)
     return _pair(model.actor_type, model.actor_id)
 
 
@@ -358,6 +376,11 @@ class AuditEventView(ReadOnlyView):
         if walked_back:
             rows.reverse()
         moved = cursor != Cursor()
+        people = {int(r.actor_id) for r in rows if r.actor_type in PEOPLE and r.actor_id
+                  and r.actor_id.isdigit() and len(r.actor_id) < 10}
+        request.environ[_EMAILS_KEY] = dict(db.session.execute(
+            select(_USERS.c.id, _USERS.c.email).where(_USERS.c.id.in_(people))).all()) \
+            if people else {}
         request.environ[_PAGE_KEY] = KeysetPage(
             newest_first=newest_first, cursor=cursor,
             first_seq=rows[0].seq if rows else None,

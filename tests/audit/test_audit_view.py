@@ -346,3 +346,17 @@ def test_an_event_about_a_message_shows_its_ids_and_never_its_text(
     (row,) = csv.DictReader(io.StringIO(exported))
     assert (row["target_type"], row["target_id"]) == ("message", str(message.id))
     assert row["details"] == f'{{"message_id":{message.id},"not_remembered":true}}'
+
+
+def test_a_person_who_acted_is_shown_by_email_linked_to_their_trace(client, db_session, auth,
+                                                                    staff):
+    actor = staff["admin"]
+    record_event(db_session, action="plan.cap", actor=Actor.of(actor), target_type="plan",
+                 target_id=1)
+    record_event(db_session, action="plan.cap", actor=Actor("admin", "2147483000"),
+                 target_type="plan", target_id=1)  # someone since deleted
+    sign_in(auth, staff, "support")
+    page = client.get(f"{LIST}?flt0_action_equals=plan.cap").get_data(as_text=True)
+    assert (f'<a href="/support/users/{actor.id}" title="admin:{actor.id}">{actor.email}</a>'
+            in page)
+    assert "admin:2147483000" in page  # by kind and id: there is no email to show
