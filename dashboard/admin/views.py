@@ -159,6 +159,9 @@ class OnPlanFilter(BaseSQLAFilter):
         return "equals"
 
 
+_DEFAULT_NAME = "orbitpilot.default_plan_name"
+
+
 class UserView(AdminOnlyView):
     column_list = ("id", "email", "role", "plan", "active", "builds", "created_at")
     column_sortable_list = ("id", "email", "role", "active", "created_at")
@@ -180,7 +183,14 @@ class UserView(AdminOnlyView):
         return super().get_query().options(joinedload(User.plan))
 
     def _plan(self, context: Any, user: Any, name: str) -> str:
-        return user.plan.name if user.plan is not None else "the default plan"
+        """The plan by the name the Plans list uses; one without names the default."""
+        if user.plan is not None:
+            return user.plan.name
+        if _DEFAULT_NAME not in request.environ:  # once a page, and only if needed
+            request.environ[_DEFAULT_NAME] = db.session.scalar(
+                select(Plan.name).where(Plan.is_default))
+        default = request.environ[_DEFAULT_NAME]
+        return f"{default} (the default)" if default else "the default plan"
 
     def _builds(self, context: Any, user: Any, name: str) -> Any:
         return Markup('<a href="{}">builds</a> · <a href="{}">why remembered?</a>').format(
@@ -193,7 +203,9 @@ class UserView(AdminOnlyView):
     def edit_form(self, obj: Any = None) -> Any:
         form = super().edit_form(obj)
         plans = db.session.scalars(select(Plan).order_by(Plan.name)).all()
-        form.plan_ref.choices = [SelectChoice("", "The default plan"),
+        default = next((plan.name for plan in plans if plan.is_default), None)
+        form.plan_ref.choices = [SelectChoice("", f"The default plan ({default})" if default
+                                              else "The default plan"),
                                  *(SelectChoice(str(plan.id), plan.name) for plan in plans)]
         if not form.is_submitted() and obj is not None:
             form.plan_ref.data = str(obj.plan_id) if obj.plan_id else ""
