@@ -234,6 +234,7 @@ def test_chunks_per_source_and_the_last_build(client, db_session, auth):
                for name, n in (("added", 6), ("removed", 0), ("kept", 0), ("embedded", 6)))
     assert "quick update" in last and "you asked" in last and "Succeeded" in last
     assert 'id="next-build-nothing"' in html  # nothing changed since
+    assert 'id="next-build-table"' not in html  # and no table of zeros to read
 
 
 def test_a_failed_last_build_shows_its_kind_and_what_memory_still_holds(client, db_session,
