@@ -98,7 +98,7 @@ def test_labels_read_as_words_inside_a_sentence_and_names_keep_their_capitals():
     assert in_sentence("API keys") == "API keys"
 
 
-def test_each_state_has_its_sentence():
+def test_each_state_has_its_sentence(app):  # the app installs the source registry
     from dashboard.plans.services import UserPlan
 
     plan = UserPlan(1, "Team", "team", 1, False, {PROFILE: False})
