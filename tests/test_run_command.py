@@ -238,7 +238,8 @@ def test_the_run_command_serves_mcp_beside_the_pages_under_gunicorn(runs):
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code == 401  # the MCP server answered: sign in first
     assert "resource_metadata=" in refused.value.headers["WWW-Authenticate"]
-    assert serves(run.port)  # and the pages still answer
+    # And the pages still answer (within seconds: a loaded machine may queue the request).
+    assert wait_until(lambda: serves(run.port), timeout=15)
     run.signal_group(signal.SIGINT)
     assert run.proc.wait(timeout=15) == 0
 

@@ -100,6 +100,7 @@ class UserTrace:
 # this many users listed.
 MIN_PART = 3
 MAX_MATCHES = 20
+MATCH_SCAN_LIMIT = 1000  # matches read before ordering (past it, "more" is said anyway)
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,11 @@ def match_query(query: str, *, limit: int) -> Any:
     prefix = _like_prefix(text)
     domain = func.split_part(User.email, "@", 2).like(prefix, escape="\\")
     condition = domain if domain_only else or_(User.email.like(prefix, escape="\\"), domain)
-    return (select(User.id, User.email, User.role).where(condition)
-            .order_by(User.email).limit(limit))
+    # The matches first, then their order: asked for both at once, the planner may walk
+    # the whole email index in order, filtering, to stop at the limit.
+    matches = (select(User.id, User.email, User.role).where(condition)
+               .limit(MATCH_SCAN_LIMIT).cte("matches").prefix_with("MATERIALIZED"))
+    return select(matches).order_by(matches.c.email).limit(limit)
 
 
 def find_users(session: Session, query: str, *,

@@ -14,22 +14,30 @@
     return input ? input.value : "";
   }
 
-  function postJson(form) {
+  /* The form, sent by fetch with its CSRF token; ``accept`` says what answer to ask for. */
+  function post(form, accept) {
     var data = new FormData(form);
     data.set("format", "json");
     return fetch(form.action, {
       method: "POST",
       body: data,
       credentials: "same-origin",
-      headers: { "Accept": "application/json", "X-CSRFToken": csrfToken(form) }
-    }).then(function (response) {
-      return response.json().catch(function () { return {}; }).then(function (body) {
-        if (!response.ok) {
-          throw new Error(body.detail || "Something went wrong. Try again.");
-        }
-        return body;
-      });
+      headers: { "Accept": accept, "X-CSRFToken": csrfToken(form) }
     });
+  }
+
+  /* A JSON answer's body, or an Error with its problem's sentence. */
+  function readJson(response) {
+    return response.json().catch(function () { return {}; }).then(function (body) {
+      if (!response.ok) {
+        throw new Error(body.detail || "Something went wrong. Try again.");
+      }
+      return body;
+    });
+  }
+
+  function postJson(form) {
+    return post(form, "application/json").then(readJson);
   }
 
   /* A send, with the reply streamed in as it is written: server-sent events over the
@@ -45,20 +53,10 @@
   }
 
   function postStreamed(form, onDelta) {
-    var data = new FormData(form);
-    data.set("format", "json");
-    return fetch(form.action, {
-      method: "POST",
-      body: data,
-      credentials: "same-origin",
-      headers: { "Accept": "text/event-stream", "X-CSRFToken": csrfToken(form) }
-    }).then(function (response) {
+    return post(form, "text/event-stream").then(function (response) {
       var type = response.headers.get("Content-Type") || "";
       if (!response.ok || type.indexOf("text/event-stream") !== 0 || !response.body) {
-        return response.json().catch(function () { return {}; }).then(function (body) {
-          if (!response.ok) { throw new Error(body.detail || "Something went wrong. Try again."); }
-          return body;
-        });
+        return readJson(response);
       }
       var reader = response.body.getReader();
       var decoder = new TextDecoder();
