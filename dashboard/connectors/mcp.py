@@ -31,8 +31,8 @@ from dashboard.memories.keys import authenticate_key
 from dashboard.memory import (
     embedder_model_name,
     get_embedder,
-    match_distance,
     memory_status,
+    recall_cut,
     settings_from,
 )
 from dashboard.plans.services import UserPlans, resolve_build_sources
@@ -157,8 +157,7 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
             embedder = get_embedder(app.config["EMBEDDER"])
             hits = services.recall(session, user.id, query, k, embedder=embedder,
-                                   max_distance=match_distance(
-                                       embedder, app.config["RECALL_MAX_DISTANCE"]))
+                                   max_distance=recall_cut(app.config["RECALL_MAX_DISTANCE"]))
             return {"results": [dataclasses.asdict(hit) for hit in hits],
                     "notice": None if hits else services.NO_MATCH}
 

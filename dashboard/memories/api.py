@@ -54,7 +54,7 @@ from dashboard.memories.schemas import (
     SearchOut,
     SearchRequest,
 )
-from dashboard.memory import BuildRequest, get_embedder, match_distance
+from dashboard.memory import BuildRequest, get_embedder, recall_cut
 from dashboard.refusals import Busy, Refusal
 from dashboard.security import get_limiter
 
@@ -294,8 +294,7 @@ def search_memories() -> ApiResult:
     body: SearchRequest = request.context.json
     embedder = get_embedder(current_app.config["EMBEDDER"])  # one per process
     hits = services.recall(db.session, _key().owner_id, body.query, body.k, embedder=embedder,
-                           max_distance=match_distance(
-                               embedder, current_app.config["RECALL_MAX_DISTANCE"]))
+                           max_distance=recall_cut(current_app.config["RECALL_MAX_DISTANCE"]))
     payload = {"results": [dataclasses.asdict(hit) for hit in hits],
                "notice": None if hits else services.NO_MATCH}
     db.session.commit()

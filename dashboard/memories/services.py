@@ -33,6 +33,7 @@ from dashboard.memory import (
     BuildsBusy,
     Embedder,
     MemoryChunk,
+    RecallCut,
     build_for_change,
     forget_chunks,
     search_memory,
@@ -576,7 +577,7 @@ class Recalled:
 
 
 def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Embedder,
-           max_distance: float | None = None) -> list[Recalled]:
+           max_distance: RecallCut = None) -> list[Recalled]:
     """Top-k over the owner's chunks (every source), each naming where it came from; a
     query with nothing to search on is refused (``NothingToSearch``, field "query")."""
     query = check_content(query, "query")

@@ -12,11 +12,14 @@ only (a test holds it so); the modules behind it are the engine's own.
 
 from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
 from dashboard.memory.embedders import (
+    OWN_CUT,
     Embedder,
+    RecallCut,
     embedder_model_name,
     get_embedder,
     match_distance,
     preload_embedder,
+    recall_cut,
 )
 from dashboard.memory.locks import BuildsBusy, forget_chunks, wait_for_builds
 from dashboard.memory.maintenance import (
@@ -61,7 +64,7 @@ __all__ = [
     "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
     "sweep_builds",
     # what they run with
-    "BuildQueue", "Embedder", "EngineSettings", "MemoryBuild", "MemoryChunk", "MemoryState",
-    "bind_queue", "embedder_model_name", "get_embedder", "match_distance", "preload_embedder",
-    "settings_from",
+    "OWN_CUT", "BuildQueue", "Embedder", "EngineSettings", "MemoryBuild", "MemoryChunk",
+    "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",
+    "match_distance", "preload_embedder", "recall_cut", "settings_from",
 ]

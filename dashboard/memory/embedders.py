@@ -243,11 +243,22 @@ def embedder_model_name(setting: str) -> str:
         return setting
 
 
-def match_distance(embedder: Embedder, configured: float | None = None) -> float | None:
-    """The distance cut for recall: RECALL_MAX_DISTANCE if set, else the embedder's own."""
-    if configured is not None:
-        return configured
-    return getattr(embedder, "match_distance", None)
+# A recall cut: a distance, None for no cut, or OWN_CUT for the cut of whichever embedder
+# the search ends up using (during a model change, not always the configured one).
+OWN_CUT = "own"
+RecallCut = float | str | None
+
+
+def recall_cut(configured: float | None) -> RecallCut:
+    """The cut recall applies: RECALL_MAX_DISTANCE if set, else the embedder's own."""
+    return OWN_CUT if configured is None else configured
+
+
+def match_distance(embedder: Embedder, cut: RecallCut = OWN_CUT) -> float | None:
+    """The distance ``cut`` means for ``embedder``."""
+    if cut == OWN_CUT:
+        return getattr(embedder, "match_distance", None)
+    return cut
 
 
 def get_embedder(name: str) -> Embedder:

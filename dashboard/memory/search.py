@@ -12,7 +12,7 @@ import numpy as np
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from dashboard.memory.embedders import Embedder, embedder_for_model
+from dashboard.memory.embedders import Embedder, RecallCut, embedder_for_model, match_distance
 from dashboard.memory.models import MemoryChunk
 from dashboard.refusals import Refusal
 
@@ -100,9 +100,10 @@ def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int,
 
 
 def search_memory(session: Session, user_id: int, query: str, k: int, *,
-                  embedder: Embedder, max_distance: float | None = None) -> list[Hit]:
+                  embedder: Embedder, max_distance: RecallCut = None) -> list[Hit]:
     """The k chunks of ``user_id`` nearest to ``query``, nearest first, none farther than
-    ``max_distance`` (farther is no match: strangers are not presented as memories).
+    ``max_distance`` (farther is no match: strangers are not presented as memories;
+    ``OWN_CUT``: the cut of the embedder the search uses).
 
     A query the embedder gives no direction (the zero vector: only punctuation or stop
     words for the hashing one) is refused with ``NothingToSearch``; a chunk it gives none
@@ -119,10 +120,8 @@ def search_memory(session: Session, user_id: int, query: str, k: int, *,
         previous = embedder_for_model(model)
         if previous is None:
             return []
-        if max_distance is not None and max_distance == getattr(embedder, "match_distance",
-                                                                None):
-            max_distance = getattr(previous, "match_distance", None)  # its own cut
         embedder = previous
+    max_distance = match_distance(embedder, max_distance)  # OWN_CUT: this embedder's
     vector = embedder.embed([query])[0]
     if not vector.any() or not np.isfinite(vector).all():
         raise NothingToSearch()

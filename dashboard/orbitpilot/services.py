@@ -29,6 +29,7 @@ from dashboard.memory import (
     MemoryBuild,
     MemoryChunk,
     NothingToSearch,
+    RecallCut,
     request_build,
     request_builds,
     search_memory,
@@ -366,7 +367,7 @@ def clean_message(text: Any) -> str:
 
 
 def memory_hits(session: Session, user_id: int, query: str, *, embedder: Embedder,
-                k: int = DEFAULT_MEMORY_K, max_distance: float | None = None
+                k: int = DEFAULT_MEMORY_K, max_distance: RecallCut = None
                 ) -> tuple[MemoryHit, ...]:
     """The chunks nearest the message; none when it has nothing to search on ("!!!"):
     the reply still comes, drawing on no memory."""
@@ -426,7 +427,7 @@ def begin_send(
     conversation_id: Any = None,
     embedder: Embedder | None = None,
     memory_k: int = DEFAULT_MEMORY_K,
-    max_distance: float | None = None,
+    max_distance: RecallCut = None,
 ) -> PendingReply:
     """Store the user's turn and gather what the responder will see: every turn of this
     conversation (the ones marked "Not remembered" included) and the top ``memory_k``

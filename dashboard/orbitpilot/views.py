@@ -33,7 +33,7 @@ from sqlalchemy import inspect as sa_inspect
 from dashboard.errors import TITLES, problem, refusal_status, wants_json
 from dashboard.extensions import db, login_manager
 from dashboard.ids import parse_id
-from dashboard.memory import get_embedder, match_distance
+from dashboard.memory import get_embedder, recall_cut
 from dashboard.orbitpilot import services
 from dashboard.orbitpilot.responder import (
     DEFAULT_MEMORY_K,
@@ -266,8 +266,7 @@ def send():
     embedder = get_embedder(current_app.config["EMBEDDER"]) if _memory_k() else None
     send = {"user_id": current_user.id, "text": text, "conversation_id": conversation_id,
             "embedder": embedder, "memory_k": _memory_k(),
-            "max_distance": match_distance(embedder, current_app.config["RECALL_MAX_DISTANCE"])
-            if embedder is not None else None}
+            "max_distance": recall_cut(current_app.config["RECALL_MAX_DISTANCE"])}
     if _stream_requested():
         return _send_streamed(send)
     try:

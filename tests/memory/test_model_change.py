@@ -8,11 +8,11 @@ from sqlalchemy import select
 
 from dashboard.extensions import db
 from dashboard.memory import (
+    OWN_CUT,
     MemoryBuild,
     MemoryChunk,
     execute_build,
     get_embedder,
-    match_distance,
     model_change_progress,
     request_build,
     request_model_change_builds,
@@ -32,7 +32,7 @@ TOPICS = ("aisle seats on long flights", "green tea without sugar", "metric unit
 def _recalls_everyone(session, world, embedder) -> bool:
     for user_id, topic in world:
         hits = search_memory(session, user_id, topic.split()[0], 3, embedder=embedder,
-                             max_distance=match_distance(embedder))
+                             max_distance=OWN_CUT)
         if [h.content for h in hits][:1] != [f"Remember: {topic}"]:
             return False
     return True
