@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -277,12 +277,23 @@ def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn
         .order_by(ReplyRecall.message_id, ReplyRecall.rank)
     ).all()
     rows = [row for row in rows if row[5] is not None]
-    turns = _pair_turns(session, {r.source_id for r in rows if r.source_key == CHAT_HISTORY})
+    items = _drew_on(session, [(id_, key, source_id, distance, item)
+                               for id_, _, key, source_id, distance, item in rows])
     out: dict[int, list[DrewOn]] = {}
-    for id_, message_id, key, source_id, distance, item in rows:
-        out.setdefault(message_id, []).append(
-            DrewOn(id_, key, source_id, distance, item, turns.get(source_id)))
-    return {message_id: tuple(items) for message_id, items in out.items()}
+    for row, shown in zip(rows, items, strict=True):
+        out.setdefault(row.message_id, []).append(shown)
+    return {message_id: tuple(shown) for message_id, shown in out.items()}
+
+
+def _drew_on(session: Session, rows: list[tuple[int, str, str, float, str]]
+             ) -> tuple[DrewOn, ...]:
+    """``(recall id, source, item id, distance, words)`` rows as shown, a chat pair with
+    the user turn it stands for (one query, only if there is a pair)."""
+    turns = _pair_turns(session, {source_id for _, key, source_id, _, _ in rows
+                                  if key == CHAT_HISTORY})
+    return tuple(DrewOn(id_, key, source_id, distance, item,
+                        turns.get(source_id) if key == CHAT_HISTORY else None)
+                 for id_, key, source_id, distance, item in rows)
 
 
 def _pair_turns(session: Session, pair_ids: set[str]) -> dict[str, int]:
@@ -408,15 +419,24 @@ class PendingReply:
     savepoint: Any
 
 
+def _open_conversation(session: Session, user_id: int, conversation_id: Any, *,
+                       lock: bool) -> Conversation | None:
+    """The conversation a send goes to (None: a new one), refused if it is not the
+    user's or has ended."""
+    if conversation_id in (None, ""):
+        return None
+    conversation = get_conversation(session, user_id, conversation_id, lock=lock)
+    if conversation.status != "open":
+        raise ChatEnded(ENDED)
+    return conversation
+
+
 def check_send(session: Session, *, user_id: int, text: Any,
                conversation_id: Any = None) -> None:
     """Refuse, before anything is written, what ``begin_send`` would refuse: an empty or
     too long message, a conversation that is not the user's or has ended."""
     clean_message(text)
-    if conversation_id not in (None, ""):
-        conversation = get_conversation(session, user_id, conversation_id)
-        if conversation.status != "open":
-            raise ChatEnded(ENDED)
+    _open_conversation(session, user_id, conversation_id, lock=False)
 
 
 def begin_send(
@@ -433,12 +453,9 @@ def begin_send(
     conversation (the ones marked "Not remembered" included) and the top ``memory_k``
     memory chunks of this user."""
     text = clean_message(text)
-    new = conversation_id in (None, "")
-    if not new:
-        # Locked: two sends at once must not take the same position.
-        conversation = get_conversation(session, user_id, conversation_id, lock=True)
-        if conversation.status != "open":
-            raise ChatEnded(ENDED)
+    # Locked: two sends at once must not take the same position.
+    conversation = _open_conversation(session, user_id, conversation_id, lock=True)
+    new = conversation is None
     savepoint = session.begin_nested()
     try:
         if new:
@@ -489,12 +506,9 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
         pending.savepoint.rollback()
         raise
     pending.savepoint.commit()
-    by_id = {hit.chunk_id: hit for hit in hits}
-    drew_on = tuple(DrewOn(r.id, r.source_key, r.source_id, r.distance,
-                           by_id[r.chunk_id].content) for r in recalls)
-    if any(d.source_key == CHAT_HISTORY for d in drew_on):
-        turns = _pair_turns(session, {d.source_id for d in drew_on})
-        drew_on = tuple(replace(d, message_id=turns.get(d.source_id)) for d in drew_on)
+    words = {hit.chunk_id: hit.content for hit in hits}
+    drew_on = _drew_on(session, [(r.id, r.source_key, r.source_id, r.distance,
+                                  words[r.chunk_id]) for r in recalls])
     return Exchange(conversation.id, conversation.title, ShownMessage.of(question),
                     ShownMessage.of(answer, drew_on), dict(reply.drew_on),
                     new_conversation=pending.new)
