@@ -134,32 +134,25 @@ def match_query(query: str, *, limit: int) -> Any:
 
 def find_users(session: Session, query: str, *,
                limit: int = MAX_MATCHES) -> tuple[list[UserMatch], bool]:
-    """The users ``query`` names: a user id or a whole email (at most one), else every
-    user whose email, or its domain, starts with it (any case; from ``MIN_PART``
-    characters; "@example" means the domain), in email order, through the two prefix
-    indexes; and whether more matched than are listed."""
-    columns = (User.id, User.email, User.role)
-    exact = find_user_id(session, query)
-    if exact is not None:
-        row = session.execute(select(*columns).where(User.id == exact)).one()
-        return [UserMatch(*row)], False
-    statement = match_query(query, limit=limit + 1)
+    """The users ``query`` names, in one query: a user id; else every user whose email, or
+    its domain, starts with it (any case; from ``MIN_PART`` characters; "@example" means
+    the domain), in email order, through the two prefix indexes — just the one if it is
+    a whole email; and whether more matched than are listed."""
+    text = query.strip()
+    user_id = parse_id(text)  # digits past users.id's integer: no user
+    if user_id is not None:
+        rows = session.execute(select(User.id, User.email, User.role)
+                               .where(User.id == user_id)).all()
+        return [UserMatch(*row) for row in rows], False
+    statement = match_query(text, limit=limit + 1)
     if statement is None:
         return [], False
-    rows = session.execute(statement).all()
-    return [UserMatch(*row) for row in rows[:limit]], len(rows) > limit
-
-
-def find_user_id(session: Session, query: str) -> int | None:
-    """The id of the user ``query`` names — a user id, or an email (any case) — or None."""
-    text = query.strip()
-    user_id = parse_id(text)  # digits past users.id's integer: no user (and no email)
-    if user_id is not None:
-        return session.scalar(select(User.id).where(User.id == user_id))
-    if "@" not in text or len(text) > MAX_EMAIL_LENGTH:
-        return None
-    # Emails are stored lower-cased (auth.models), so this is the exact match.
-    return session.scalar(select(User.id).where(User.email == text.lower()))
+    matches = [UserMatch(*row) for row in session.execute(statement)]
+    # Emails are stored lower-cased (auth.models): a whole one names its user alone.
+    whole = [match for match in matches if match.email == text.lower()]
+    if whole:
+        return whole, False
+    return matches[:limit], len(matches) > limit
 
 
 def _build_row(build: MemoryBuild) -> BuildSummary:

@@ -505,3 +505,12 @@ def test_the_search_reads_the_two_prefix_indexes(db_session):
         f"EXPLAIN {compiled}", compiled.params))
     assert "ix_users_email_prefix" in plan and "ix_users_email_domain" in plan, plan
     assert "Seq Scan" not in plan and "uq_users_email" not in plan, plan
+
+
+def test_a_whole_email_names_its_user_alone_among_longer_ones(db_session, count_queries):
+    exact = make_user(db_session, email="ann@x.test")
+    make_user(db_session, email="ann@x.test.example")
+    with count_queries() as queries:
+        matches, more = find_users(db_session, "ANN@x.test")
+    assert [(m.id, m.email) for m in matches] == [(exact.id, "ann@x.test")] and not more
+    assert queries.count == 1
