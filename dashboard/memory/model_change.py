@@ -6,6 +6,7 @@ rebuild commits, their recall runs in the old model's vectors (``search_memory``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import and_, exists, func, select
 from sqlalchemy.orm import Session
@@ -15,6 +16,13 @@ from dashboard.memory.requests import request_builds
 
 MODEL_CHANGE = "model_change"
 WAITING = ("queued", "running")
+
+
+def _waiting() -> Any:
+    """SQL: how many model-change builds are queued or running."""
+    return (select(func.count()).select_from(MemoryBuild)
+            .where(MemoryBuild.trigger == MODEL_CHANGE, MemoryBuild.status.in_(WAITING))
+            .scalar_subquery())
 
 
 @dataclass(frozen=True)
@@ -39,10 +47,7 @@ def model_change_progress(session: Session, model: str) -> ModelChange:
     """Two counts, one query: users whose memory is in ``model``, and the rest."""
     in_model = MemoryState.embedding_model == model
     done, left, in_flight = session.execute(select(
-        func.count().filter(in_model), func.count().filter(~in_model),
-        select(func.count()).select_from(MemoryBuild).where(
-            MemoryBuild.trigger == MODEL_CHANGE, MemoryBuild.status.in_(WAITING))
-        .scalar_subquery(),
+        func.count().filter(in_model), func.count().filter(~in_model), _waiting(),
     ).select_from(MemoryState)).one()
     return ModelChange(model, done or 0, left or 0, in_flight or 0)
 
@@ -51,8 +56,7 @@ def request_model_change_builds(session: Session, *, model: str, batch: int) -> 
     """Full builds for the next users still in another model, keeping at most ``batch``
     of them waiting: the queue is never flooded, and users' own builds go on meanwhile.
     A user with a build waiting already is left for the next round."""
-    waiting = session.scalar(select(func.count()).select_from(MemoryBuild).where(
-        MemoryBuild.trigger == MODEL_CHANGE, MemoryBuild.status.in_(WAITING))) or 0
+    waiting = session.scalar(select(_waiting())) or 0
     room = batch - waiting
     if room <= 0:
         return 0

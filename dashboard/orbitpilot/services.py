@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -536,23 +537,27 @@ def stream_reply(responder: Any, context: ResponderContext) -> Iterator[str]:
     """The reply's pieces as the responder produces them; any failure (or nothing said)
     is ``ResponderFailed``, logged by kind."""
     said = False
-    try:
+    with _no_answer_on_failure():
         for piece in reply_pieces(responder, context):
             said = said or bool(piece.strip())
             yield piece
-    except Exception as exc:  # a pluggable responder: any failure is "no answer"
-        log.warning("responder failed: %s", type(exc).__name__)
-        raise ResponderFailed(NO_ANSWER) from None
     if not said:
         raise ResponderFailed(NO_ANSWER)
 
 
-def _respond(responder: Any, context: ResponderContext) -> Reply:
+@contextmanager
+def _no_answer_on_failure() -> Iterator[None]:
+    """A pluggable responder: any failure is "no answer", logged by kind only."""
     try:
-        reply = responder(context)
-    except Exception as exc:  # a pluggable responder: any failure is "no answer", logged by kind
+        yield
+    except Exception as exc:
         log.warning("responder failed: %s", type(exc).__name__)
         raise ResponderFailed(NO_ANSWER) from None
+
+
+def _respond(responder: Any, context: ResponderContext) -> Reply:
+    with _no_answer_on_failure():
+        reply = responder(context)
     text = (reply.text or "").strip() if isinstance(reply, Reply) else ""
     if not text:
         raise ResponderFailed(NO_ANSWER)

@@ -105,7 +105,7 @@ def drew_on_links(item: services.DrewOn) -> dict[str, Any]:
     action and fields, or ``forget_page`` a page that asks first (saved memories and
     documents: a choice of how, or a deletion), or neither (the profile: edit it)."""
     key, id_ = item.source_key, item.source_id
-    back = request.path if request else None
+    back = request.path
     if key == SAVED:
         return {"url": url_for("memories.detail", memory_id=id_),
                 "forget_page": url_for("memories.forget", memory_id=id_)}
