@@ -226,24 +226,6 @@ def test_ctrl_c_right_after_it_serves_ends_everything_within_15_seconds(runs):
     assert "==> stopped" in run.output()
 
 
-def test_the_run_command_serves_mcp_beside_the_pages_under_gunicorn(runs):
-    run = runs()
-    run.wait_serving()
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{run.port}/mcp", method="POST",
-        data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
-        headers={"Content-Type": "application/json",
-                 "Accept": "application/json, text/event-stream"})
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(request, timeout=30)
-    assert refused.value.code == 401  # the MCP server answered: sign in first
-    assert "resource_metadata=" in refused.value.headers["WWW-Authenticate"]
-    # And the pages still answer (within seconds: a loaded machine may queue the request).
-    assert wait_until(lambda: serves(run.port), timeout=15)
-    run.signal_group(signal.SIGINT)
-    assert run.proc.wait(timeout=15) == 0
-
-
 def test_a_run_killed_in_its_first_seconds_never_spoils_the_next(runs, tmp_path):
     for delay in (0.5, 1.0, 2.5):
         run = runs("clone")
@@ -349,17 +331,19 @@ def test_a_valkey_killed_during_a_build_is_started_again_and_the_worker_builds_o
 
 
 def test_a_worker_that_keeps_dying_ends_the_run_and_says_so(runs):
-    # Shorter delays than the real ones (1 s, doubling): the same policy, sooner.
+    # Shorter delays than the real ones (1 s, doubling) and a smaller window than 5
+    # restarts (each start of a worker costs seconds): the same policy, sooner.
     command = [sys.executable, "-c", textwrap.dedent("""
         import dashboard.supervisor as supervisor
         supervisor.FIRST_RESTART_DELAY = 0.1
+        supervisor.RESTARTS_PER_WINDOW = 2
         raise SystemExit(supervisor.main())
     """)]
     run = runs(env={"EMBEDDER": "tests.factories:NoSuchEmbedder", "FLASK_APP": "wsgi.py"},
                command=command)
     assert run.proc.wait(timeout=180) == 1, run.output()[-3000:]
     output = run.output()
-    assert output.count("worker exited with status 1; starting it again") == 5, output[-3000:]
+    assert output.count("worker exited with status 1; starting it again") == 2, output[-3000:]
     assert "restarts keep failing" in output
     assert "==> stopped" in output
     assert run.left_behind() == [] and not listening_on(run.port)
@@ -400,11 +384,28 @@ def api(port: int, key: str, path: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
+def mcp_asks_for_sign_in(port: int) -> None:
+    """The MCP server answers on the app's own origin, under gunicorn: sign in first."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/mcp", method="POST",
+        data=b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}',
+        headers={"Content-Type": "application/json",
+                 "Accept": "application/json, text/event-stream"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.code == 401
+    assert "resource_metadata=" in refused.value.headers["WWW-Authenticate"]
+
+
 def test_the_readme_example_recalls_by_meaning_with_nothing_configured(runs):
     """The README's curl example on the default (no EMBEDDER set): MiniLM recalls the
-    saved preference for a paraphrase, and says "no match" to what was never saved."""
+    saved preference for a paraphrase, and says "no match" to what was never saved.
+    The same run serves MCP beside the pages (one run: each costs seconds)."""
     run = runs(env={"EMBEDDER": None})
     run.wait_serving()
+    mcp_asks_for_sign_in(run.port)
+    # And the pages still answer (within seconds: a loaded machine may queue the request).
+    assert wait_until(lambda: serves(run.port), timeout=15)
     # Each web worker loads the model as it starts, before anyone searches.
     assert wait_until(lambda: web_workers_hold_torch(run), timeout=120), run.output()[-3000:]
     person = Browser(run.port)

@@ -24,14 +24,21 @@ from dashboard.connectors.services import revoke_grant
 from dashboard.extensions import db
 from dashboard.ids import INT4_MAX, parse_int
 from dashboard.memories.keys import grant_hard_delete, revoke_key
-from dashboard.memories.models import ApiKey, ForgetMarker
-from dashboard.memory import MemoryBuild, request_builds_by_staff, request_plan_builds_by_staff
+from dashboard.memories.models import FORGET_MODES, ApiKey, ForgetMarker
+from dashboard.memory import (
+    BUILD_MODES,
+    BUILD_STATUSES,
+    BUILD_TRIGGERS,
+    MemoryBuild,
+    request_builds_by_staff,
+    request_plan_builds_by_staff,
+)
 from dashboard.plans.editing import PlanError, PlanFields, create_plan, update_plan
 from dashboard.plans.impact import count_active_users_by_plan
 from dashboard.plans.models import Plan
 from dashboard.plans.services import SourceState, UserPlan, effective_plan_id, resolve_sources
 from dashboard.sources import get_source
-from dashboard.staff import AdminOnlyView, ReadOnlyView
+from dashboard.staff import AdminOnlyView, CodeEquals, ReadOnlyView
 
 
 def _page_cache() -> dict[str, Any]:
@@ -351,7 +358,11 @@ class BuildView(ReadOnlyView):
     column_labels = {"user.email": "User", "resolution": "Sources (as this build resolved "
                                                          "them; chunks per source)"}
     column_sortable_list = ("id", "created_at", "finished_at")
-    column_filters = ("status", "mode", "trigger", "user_id", "user.email", "created_at")
+    column_filters = (
+        CodeEquals(MemoryBuild.status, "Status", max_length=12, choices=BUILD_STATUSES),
+        CodeEquals(MemoryBuild.mode, "Mode", max_length=8, choices=BUILD_MODES),
+        CodeEquals(MemoryBuild.trigger, "Trigger", max_length=24, choices=BUILD_TRIGGERS),
+        "user_id", "user.email", "created_at")
     named_filter_urls = True
     column_default_sort = ("id", True)
     simple_list_pager = True
@@ -377,8 +388,12 @@ class ForgetMarkerView(ReadOnlyView):
     column_labels = {"owner.email": "Owner", "removed_versions": "Versions removed",
                      "removed_chunks": "Chunks removed", "audit_event_id": "Audit event"}
     column_sortable_list = ("id", "created_at")
-    column_filters = ("mode", "owner_id", "owner.email", "actor_type", "vacuumed_at",
-                      "created_at")
+    column_filters = (
+        CodeEquals(ForgetMarker.mode, "Mode", max_length=16, choices=FORGET_MODES),
+        "owner_id", "owner.email",
+        CodeEquals(ForgetMarker.actor_type, "Actor type", max_length=16,
+                   choices=("api_key", "user", "admin", "support", "system")),
+        "vacuumed_at", "created_at")
     named_filter_urls = True
     column_default_sort = ("id", True)
     simple_list_pager = True

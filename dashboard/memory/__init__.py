@@ -32,7 +32,14 @@ from dashboard.memory.model_change import (
     model_change_progress,
     request_model_change_builds,
 )
-from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryState
+from dashboard.memory.models import (
+    BUILD_MODES,
+    BUILD_STATUSES,
+    BUILD_TRIGGERS,
+    MemoryBuild,
+    MemoryChunk,
+    MemoryState,
+)
 from dashboard.memory.pipeline import preview_memory_build
 from dashboard.memory.queue import BuildQueue, bind_queue
 from dashboard.memory.requests import (
@@ -64,7 +71,8 @@ __all__ = [
     "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
     "sweep_builds",
     # what they run with
-    "OWN_CUT", "BuildQueue", "Embedder", "EngineSettings", "MemoryBuild", "MemoryChunk",
+    "BUILD_MODES", "BUILD_STATUSES", "BUILD_TRIGGERS", "OWN_CUT", "BuildQueue", "Embedder",
+    "EngineSettings", "MemoryBuild", "MemoryChunk",
     "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",
     "match_distance", "preload_embedder", "recall_cut", "settings_from",
 ]

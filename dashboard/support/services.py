@@ -21,7 +21,7 @@ from dashboard.plans.services import (
     get_plan_for_user,
     resolve_sources,
 )
-from dashboard.sources import get_source, registered_sources
+from dashboard.sources import CHAT_HISTORY, get_source, registered_sources
 
 MAX_EMAIL_LENGTH = 254
 HISTORY_LIMIT = 20
@@ -94,6 +94,10 @@ class UserTrace:
     pending: BuildSummary | None  # the queued request, if any
     running: BuildSummary | None
     history: tuple[BuildSummary, ...]  # the latest HISTORY_LIMIT builds, newest first
+    # The user's messages marked "Not remembered" (a count: never which, never their text),
+    # and whether chat history is remembered at all on the plan now.
+    not_remembered: int = 0
+    chat_included: bool = False
 
 
 # The start of an email or of its domain: at least this many characters, and at most
@@ -270,6 +274,7 @@ def user_trace(session: Session, user_id: int) -> UserTrace | None:
             cap=_int_or_none(snapshot.get("cap")),
         )
     by_status = {b.status: b for b in current}
+    count_marked = get_source(CHAT_HISTORY).not_remembered
     return UserTrace(
         user_id=user.id, email=user.email, role=user.role, active=user.active,
         plan_id=plan.id, plan_name=plan.name, plan_slug=plan.slug,
@@ -284,6 +289,9 @@ def user_trace(session: Session, user_id: int) -> UserTrace | None:
         pending=_build_row(by_status["queued"]) if "queued" in by_status else None,
         running=_build_row(by_status["running"]) if "running" in by_status else None,
         history=tuple(_build_row(b) for b in history),
+        not_remembered=count_marked(session, user.id) if count_marked else 0,
+        chat_included=any(s.key == CHAT_HISTORY and s.state == SourceState.INCLUDED.value
+                          for s in sources),
     )
 
 

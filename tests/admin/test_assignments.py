@@ -7,6 +7,7 @@ import re
 
 import pytest
 from sqlalchemy import func, insert, select
+from sqlalchemy.orm import selectinload
 
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import SYSTEM
@@ -15,7 +16,12 @@ from dashboard.memory import MemoryBuild, fan_out_plan_builds
 from dashboard.plans.editing import PlanError, assignment_value, set_assignment, set_cap
 from dashboard.plans.impact import plan_fingerprint, preview_plan_change
 from dashboard.plans.models import Plan, SourceAssignment
-from dashboard.plans.services import SourceState, resolve_build_sources
+from dashboard.plans.services import (
+    SourceState,
+    UserPlan,
+    resolve_build_sources,
+    resolve_sources,
+)
 from dashboard.sources import CHAT_HISTORY, SAVED, source_keys
 from tests.conftest import csrf_from
 from tests.factories import default_plan, make_plan, make_user, plans_of
@@ -126,6 +132,17 @@ def test_toggling_chat_history_for_free_previews_then_applies_audits_and_request
         in cell
 
 
+def recount(session, users) -> dict[int, set[str]]:
+    """Each user's included sources, resolved one by one from every plan as stored now
+    (read once, with its rows), not from the preview's counts per plan."""
+    plans = {plan.id: UserPlan.from_plan(plan) for plan in session.scalars(
+        select(Plan).options(selectinload(Plan.assignments))
+        .execution_options(populate_existing=True))}
+    default = next(plan for plan in plans.values() if plan.is_default)
+    return {u.id: set(resolve_sources(plans.get(u.plan_id, default)).included_keys)
+            for u in users}
+
+
 def test_the_preview_equals_a_recount_over_1000_users(db_session):
     free = default_plan(db_session)
     plus = make_plan(db_session, cap=4, assignments={SAVED: False})
@@ -153,8 +170,7 @@ def test_the_preview_equals_a_recount_over_1000_users(db_session):
     for plan, change in changes:
         impact = preview_plan_change(db_session, plan, cap=change.get("cap"),
                                      assignment=change.get("assignment"))
-        before = {u.id: set(resolve_build_sources(u, plans_of(db_session)).included_keys)
-                  for u in users}
+        before = recount(db_session, users)
         # The recount: apply the change for real, resolve every user again one by one,
         # and undo it.
         with db_session.begin_nested() as savepoint:
@@ -163,8 +179,7 @@ def test_the_preview_equals_a_recount_over_1000_users(db_session):
             else:
                 set_assignment(db_session, plan, *change["assignment"], actor=SYSTEM)
             db_session.expire_all()
-            after = {u.id: set(resolve_build_sources(u, plans_of(db_session)).included_keys)
-                     for u in users}
+            after = recount(db_session, users)
             savepoint.rollback()
         db_session.expire_all()
         for key in source_keys():

@@ -360,3 +360,27 @@ def test_a_person_who_acted_is_shown_by_email_linked_to_their_trace(client, db_s
     assert (f'<a href="/support/users/{actor.id}" title="admin:{actor.id}">{actor.email}</a>'
             in page)
     assert "admin:2147483000" in page  # by kind and id: there is no email to show
+
+
+def test_times_read_to_the_second_with_their_zone_and_the_exact_value_on_hover(
+        client, db_session, auth, staff, monkeypatch):
+    when = datetime(2001, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+    event = record_at(monkeypatch, db_session, when, action="plan.update",
+                      actor=Actor("system"), target_type=f"plan{token()}")
+    sign_in(auth, staff, "support")
+    exact = '<time datetime="2001-02-03T04:05:06.789012+00:00" ' \
+            'title="2001-02-03T04:05:06.789012+00:00">2001-02-03 04:05:06 UTC</time>'
+    listed = client.get(f"{LIST}?flt0_target_type_equals={event.target_type}&{OLD}")
+    assert exact in listed.get_data(as_text=True)
+    details = client.get(f"/admin/audit/details/?id={event.id}")
+    assert exact in details.get_data(as_text=True)
+
+
+def test_the_action_and_mode_filters_offer_every_action_and_mode_by_name(
+        client, auth, staff):
+    from dashboard.audit.actions import ACTIONS, MODES
+
+    sign_in(auth, staff, "support")
+    page = html.unescape(client.get(LIST).get_data(as_text=True))
+    for code, words in {**ACTIONS, **MODES}.items():
+        assert f"{words} ({code})" in page

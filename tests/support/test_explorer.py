@@ -164,13 +164,14 @@ def test_a_deleted_user_is_404(client, auth, db_session, staff):
 def test_su101_default_plan_evicts_chat_history(client, auth, db_session, target):
     auth.login(SUPPORT)
     page = html(client.get(f"/support/users/{target.id}"))
-    assert "the default plan" in page and "plan_id is empty" in page
+    assert "nobody chose a plan for this user, so they get the default" in page
+    assert "(<code>plan_id</code> is empty)" in page  # the technical key, small beside
     for key in (PROFILE, BLINKS, SAVED):
         row = source_row(page, key)
         assert "included" in row and "default" in row
     row = source_row(page, CHAT_HISTORY)
-    assert ">evicted_by_cap<" in row
-    assert "cap 3 filled by" in row
+    assert ">Left out by the cap</span>" in row and ">evicted_by_cap<" in row
+    assert "the cap of 3 is filled by" in row
     assert all(label in row for label in ("Your profile", "Your Blinks", "Saved memories"))
     # the status sentence, word for word.
     assert ("Not remembered on the Free plan: your plan includes 3 sources, and your profile, "
@@ -194,7 +195,7 @@ def test_su101_a_plan_with_cap_4_includes_chat_history(client, auth, db_session,
     db_session.flush()
     auth.login(SUPPORT)
     page = html(client.get(f"/support/users/{target.id}"))
-    assert "the user's own plan row" in page
+    assert "chosen for this user" in page
     row = source_row(page, CHAT_HISTORY)
     assert ">included<" in row and "Remembered: your Roomy plan includes chat history." in row
 
@@ -264,8 +265,8 @@ def test_state_at_last_build_from_its_snapshot(client, auth, db_session, target)
     page = html(client.get(f"/support/users/{target.id}"))
     row = source_row(page, CHAT_HISTORY)
     assert ">evicted_by_cap<" in row and ">included<" in row
-    assert "changed since last build" in row
-    assert "changed since last build" not in source_row(page, PROFILE)
+    assert "changed since the last build" in row
+    assert "changed since the last build" not in source_row(page, PROFILE)
     assert f'href="/admin/builds/details/?id={last.id}"' in page
 
 
@@ -273,7 +274,7 @@ def test_no_build_yet(client, auth, target):
     auth.login(SUPPORT)
     page = html(client.get(f"/support/users/{target.id}"))
     assert "no build yet" in source_row(page, PROFILE)
-    assert "changed since last build" not in page
+    assert "changed since the last build" not in page
 
 
 def test_a_damaged_snapshot_is_shown_as_not_recorded(client, auth, db_session, target):
@@ -307,7 +308,7 @@ def test_chunk_counts_per_source(client, auth, db_session, target):
     page = html(client.get(f"/support/users/{target.id}"))
     assert source_row(page, BLINKS).rstrip().endswith('<td class="text-right">3</td>')
     assert source_row(page, PROFILE).rstrip().endswith('<td class="text-right">2</td>')
-    assert "not in the source registry" in source_row(page, "legacy.removed")
+    assert "a source this release no longer has" in source_row(page, "legacy.removed")
 
 
 def test_pending_and_running_builds_are_shown(client, auth, db_session, target):
@@ -319,10 +320,11 @@ def test_pending_and_running_builds_are_shown(client, auth, db_session, target):
     page = html(client.get(f"/support/users/{target.id}"))
     pending_list = page[page.index('id="support-pending"'):]
     pending_list = pending_list[:pending_list.index("</ul>")]
-    assert re.search(rf"Requested: <a [^>]*>#{pending.id}</a>, <time[^>]*>[^<]+</time>, mode "
-                     r"<code>full</code>, trigger <code>admin</code>", pending_list)
-    assert re.search(rf"Running: <a [^>]*>#{running.id}</a>, mode <code>quick</code>",
-                     pending_list)
+    assert re.search(rf"Waiting to run: <a [^>]*>#{pending.id}</a>, asked <time[^>]*>[^<]+"
+                     r"</time>, a full rebuild <small[^>]*>\(mode <code>full</code>, trigger "
+                     r"<code>admin</code>\)", pending_list)
+    assert re.search(rf"Running: <a [^>]*>#{running.id}</a>, a quick update, started .*"
+                     r"\(mode <code>quick</code>", pending_list)
 
 
 def test_build_history_is_the_latest_20(client, auth, db_session, target):
@@ -514,3 +516,26 @@ def test_a_whole_email_names_its_user_alone_among_longer_ones(db_session, count_
         matches, more = find_users(db_session, "ANN@x.test")
     assert [(m.id, m.email) for m in matches] == [(exact.id, "ann@x.test")] and not more
     assert queries.count == 1
+
+
+def test_the_trace_counts_the_messages_marked_not_remembered_and_says_what_they_do(
+        client, auth, db_session, target):
+    canary = f"canary-{uuid.uuid4().hex}"
+    make_conversation(db_session, target, [(f"{canary} one", "a"), (f"{canary} two", "b"),
+                                           ("three", "c")], flagged={0, 1})
+    auth.login(SUPPORT)
+    page = html(client.get(f"/support/users/{target.id}"))
+    cell = page[page.index('id="support-not-remembered"'):]
+    cell = cell[:cell.index("</dd>")]
+    assert "2 messages: they and the replies that answered them are left out of every " \
+           "build" in cell
+    # On Free the cap leaves chat history out anyway: the flags change nothing today.
+    assert "Chat history is not remembered on this plan anyway" in cell
+    assert canary not in page
+
+    target.plan_id = make_plan(db_session, name="Roomy", cap=4).id
+    db_session.flush()
+    cell = html(client.get(f"/support/users/{target.id}"))
+    cell = cell[cell.index('id="support-not-remembered"'):]
+    cell = cell[:cell.index("</dd>")]
+    assert "2 messages:" in cell and "anyway" not in cell
