@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -152,11 +152,18 @@ class ShownMessage:
     conversation_id: int | None = None
     # A reply's "Drew on": what it was handed that is still in memory, in rank order.
     drew_on: tuple[DrewOn, ...] = ()
+    # A reply: the user turn it answers, and whether that turn is marked (the pair is
+    # then left out of memory as a whole, and the page says so under the reply too).
+    answers: int | None = None
+    covered: bool = False
 
     @classmethod
-    def of(cls, message: Message, drew_on: tuple[DrewOn, ...] = ()) -> ShownMessage:
+    def of(cls, message: Message, drew_on: tuple[DrewOn, ...] = (), *,
+           question: Message | None = None) -> ShownMessage:
         return cls(message.id, message.role, message.content, bool(message.not_remembered),
-                   message.conversation_id, drew_on)
+                   message.conversation_id, drew_on,
+                   answers=question.id if question is not None else None,
+                   covered=bool(question is not None and question.not_remembered))
 
     @property
     def label(self) -> str:
@@ -165,6 +172,23 @@ class ShownMessage:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "role": self.role, "content": self.content,
                 "not_remembered": self.not_remembered}
+
+
+def with_questions(messages: list[ShownMessage], reply_to: dict[int, int | None],
+                   ) -> list[ShownMessage]:
+    """Each reply told which user turn it answers, as the build pairs them: the turn its
+    ``reply_to`` names, else the user turn right before it."""
+    flagged = {m.id: m.not_remembered for m in messages if m.role == "user"}
+    shown, last_user = [], None
+    for m in messages:
+        if m.role == "user":
+            last_user = m.id
+        elif m.id is not None:
+            asked = reply_to.get(m.id) or last_user
+            if asked is not None:
+                m = replace(m, answers=asked, covered=flagged.get(asked, False))
+        shown.append(m)
+    return shown
 
 
 @dataclass(frozen=True)
@@ -254,7 +278,8 @@ def conversation_messages(session: Session, conversation_id: int) -> list[ShownM
     ).all()
     drew_on = drew_on_of(session, conversation_id) if any(
         m.role == "assistant" for m in rows) else {}
-    return [ShownMessage.of(m, drew_on.get(m.id, ())) for m in rows]
+    return with_questions([ShownMessage.of(m, drew_on.get(m.id, ())) for m in rows],
+                          {m.id: m.reply_to_id for m in rows if m.role == "assistant"})
 
 
 def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn, ...]]:
@@ -353,7 +378,7 @@ def dock_state(session: Session, user_id: int, limit: int = DOCK_MESSAGES) -> Do
     )
     rows = session.execute(
         select(Message.id, Message.role, Message.content, Message.not_remembered,
-               Message.conversation_id, Conversation.title)
+               Message.conversation_id, Message.reply_to_id, Conversation.title)
         .join(Conversation, Conversation.id == Message.conversation_id)
         .where(Message.conversation_id == latest)
         .order_by(Message.position.desc())
@@ -361,8 +386,10 @@ def dock_state(session: Session, user_id: int, limit: int = DOCK_MESSAGES) -> Do
     ).all()
     if not rows:
         return DockState(None, "", [])
-    messages = [ShownMessage(r.id, r.role, r.content, bool(r.not_remembered),
-                             r.conversation_id) for r in reversed(rows)]
+    messages = with_questions(
+        [ShownMessage(r.id, r.role, r.content, bool(r.not_remembered), r.conversation_id)
+         for r in reversed(rows)],
+        {r.id: r.reply_to_id for r in rows if r.role == "assistant"})
     return DockState(rows[0].conversation_id, rows[0].title, messages)
 
 
@@ -511,7 +538,7 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
     drew_on = _drew_on(session, [(r.id, r.source_key, r.source_id, r.distance,
                                   words[r.chunk_id]) for r in recalls])
     return Exchange(conversation.id, conversation.title, ShownMessage.of(question),
-                    ShownMessage.of(answer, drew_on), dict(reply.drew_on),
+                    ShownMessage.of(answer, drew_on, question=question), dict(reply.drew_on),
                     new_conversation=pending.new)
 
 

@@ -76,16 +76,21 @@ def test_chat_eye_catch_memory_status_update_and_the_worker(page, live_app, comm
     page.open(f"/orbitpilot/c/{asked.conversation_id}")
     page.driver.execute_script("window.__sameDocument = true;")
     mine = f"#m{asked.id}"
+    its_reply = f'.op-main .op-msg[data-answers="{asked.id}"] [data-op-covered]'
     assert page.find(f"{mine} .op-actions i.bi").get_attribute("class").split()[-1] == "bi-eye"
+    assert not page.driver.find_element(By.CSS_SELECTOR, its_reply).is_displayed()
     page.click(f"{mine} form[data-op-action=remember] button")
     page.wait().until(lambda d: "bi-eye-slash" in d.find_element(
         By.CSS_SELECTOR, f"{mine} .op-actions i.bi").get_attribute("class"))
     assert page.find(f"{mine} [data-op-flag]").text == "Not remembered"
+    # The reply it answered is marked with it, in place.
+    assert page.find(its_reply).text == "Not remembered: it answers a message you marked"
     assert page.driver.execute_script("return window.__sameDocument === true;")
     # It persists.
     page.open(f"/orbitpilot/c/{asked.conversation_id}")
     assert "bi-eye-slash" in page.find(f"{mine} .op-actions i.bi").get_attribute("class")
     assert page.find(f"{mine} [data-op-flag]").text == "Not remembered"
+    assert page.find(its_reply).is_displayed()
 
     # Catch the second reply into a Blink.
     reply = session.scalars(select(Message).where(

@@ -737,3 +737,44 @@ def test_a_responder_that_fails_is_a_502_and_stores_nothing(client, db_session, 
     assert response.status_code == 502
     assert "could not answer" in response.get_json()["detail"]
     assert db_session.scalar(select(func.count()).select_from(Message)) == before
+
+
+# -- the eye, where chat history is not remembered anyway; the reply it covers ----------------
+
+def eye_label(page, message_id: int) -> str:
+    return page.find(data_message_id=str(message_id)).find(
+        "form", data_op_action="remember").find("button").attrs["aria-label"]
+
+
+def covered_mark(page, reply_id: int):
+    return page.find(data_message_id=str(reply_id)).find(data_op_covered=True)
+
+
+def test_on_free_the_eye_says_chat_history_is_not_remembered_anyway(client, auth, db_session):
+    free_user = make_user(db_session)  # the default plan: the cap leaves chat history out
+    conversation, messages = make_conversation(db_session, free_user, [("q1", "a1")])
+    auth.login(free_user.email)
+    page = parse(client.get(f"/orbitpilot/c/{conversation.id}").get_data(as_text=True))
+    assert eye_label(page, messages[0].id) == (
+        "Remembered. Do not remember this message (chat history is not remembered on your "
+        "plan anyway)")
+
+    free_user.plan_id = make_plan(db_session, cap=4).id  # a plan that remembers chats
+    db_session.flush()
+    page = parse(client.get(f"/orbitpilot/c/{conversation.id}").get_data(as_text=True))
+    assert eye_label(page, messages[0].id) == "Remembered. Do not remember this message"
+
+
+def test_the_reply_to_a_marked_message_is_marked_too(client, auth, db_session):
+    user = make_user(db_session, plan=make_plan(db_session, cap=4))
+    conversation, messages = make_conversation(db_session, user, [("q1", "a1"), ("q2", "a2")],
+                                               flagged={1})
+    q1, a1, q2, a2 = messages
+    auth.login(user.email)
+    for path in (f"/orbitpilot/c/{conversation.id}", DOCK_PAGE):
+        page = parse(client.get(path).get_data(as_text=True))
+        assert "d-none" in covered_mark(page, a1.id).classes, path
+        mark = covered_mark(page, a2.id)
+        assert "d-none" not in mark.classes, path
+        assert mark.text == "Not remembered: it answers a message you marked"
+        assert page.find(data_message_id=str(a2.id)).attrs["data-answers"] == str(q2.id)

@@ -149,6 +149,10 @@
     }
     message.classList.toggle("op-flagged", notRemembered);
     message.setAttribute("data-not-remembered", notRemembered ? "true" : "false");
+    // The reply that answered it is left out with it: its mark follows (dock and page).
+    var id = message.getAttribute("data-message-id");
+    document.querySelectorAll('.op-msg[data-answers="' + id + '"] [data-op-covered]')
+      .forEach(function (covered) { covered.classList.toggle("d-none", !notRemembered); });
     // The next press asks for the other state.
     var wanted = message.querySelector("[data-op-action=remember] [data-op-wanted]");
     if (wanted) { wanted.value = notRemembered ? "0" : "1"; }
