@@ -29,7 +29,10 @@ if [ "$have_digest" != "$digest" ] || [ "$union" != "$have_extras" ]; then
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --upgrade pip
   fi
   echo "==> installing orbitpilot-dashboard${union:+[$union]}"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${union:+[$union]}"
+  # setuptools boxes a warning about every editable install ("folders in your working
+  # directory with the same name as your package"): that is this checkout, on purpose.
+  PYTHONWARNINGS="ignore:Editable installation" \
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${union:+[$union]}"
   echo "$digest $union" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
