@@ -42,6 +42,7 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--window-size=1280,1000")
 WAIT_SECONDS = 10
+POLL_SECONDS = 0.05  # Selenium's own default (0.5 s) adds up to seconds over a test
 # How Chromium words what the policy blocked ("Executing inline event handler violates the
 # following Content Security Policy directive ...", "Running the JavaScript URL violates
 # ...", "Refused to load ..."), and a script that broke.
@@ -75,6 +76,10 @@ def chromium(*, javascript: bool = True) -> Iterator:
     driver = webdriver.Chrome(options=options,
                               service=Service(executable_path=str(CHROMEDRIVER)))
     driver.set_page_load_timeout(30)
+    # As a person who asked for less motion: menus unfold at once (Bootstrap honours it),
+    # so no test waits out an animation.
+    driver.execute_cdp_cmd("Emulation.setEmulatedMedia", {
+        "features": [{"name": "prefers-reduced-motion", "value": "reduce"}]})
     try:
         yield driver
     finally:
@@ -125,8 +130,9 @@ class Page:
 
     def wait(self) -> WebDriverWait:
         """A wait that polls on while the page is being replaced under it."""
-        return WebDriverWait(self.driver, WAIT_SECONDS, ignored_exceptions=(
-            NoSuchElementException, StaleElementReferenceException))
+        return WebDriverWait(self.driver, WAIT_SECONDS, poll_frequency=POLL_SECONDS,
+                             ignored_exceptions=(NoSuchElementException,
+                                                 StaleElementReferenceException))
 
     def open(self, path: str) -> None:
         self.driver.get(self.base_url + path)
@@ -168,7 +174,8 @@ class Page:
 
     def alert(self):
         """The dialog the last click opened (waited for)."""
-        return WebDriverWait(self.driver, WAIT_SECONDS).until(EC.alert_is_present())
+        return WebDriverWait(self.driver, WAIT_SECONDS, poll_frequency=POLL_SECONDS).until(
+            EC.alert_is_present())
 
     def wait_for_text(self, text: str) -> None:
         self.wait().until(lambda d: text in self.text)
@@ -212,3 +219,77 @@ def screenshots_folder(tmp_path_factory) -> Path:
 def page(browser, base_url, tmp_path_factory) -> Page:
     browser.get_log("browser")  # what an earlier test left is not this test's
     return Page(browser, base_url, screenshots_folder(tmp_path_factory))
+
+
+# -- a world of every page type ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def world(app):
+    """One of each thing a page can show, committed (the live server reads it): its ids
+    and the emails of a user, a support person and an admin."""
+    from sqlalchemy import delete
+
+    from dashboard.audit.services import Actor
+    from dashboard.auth.models import User
+    from dashboard.documents.models import Document
+    from dashboard.memories.keys import create_key
+    from dashboard.memories.services import forget_memory
+    from dashboard.memory.embedders import HashingEmbedder
+    from dashboard.memory.pipeline import run_memory_build
+    from dashboard.plans.models import Plan
+    from tests.factories import make_blink, make_conversation, make_memory, make_plan, make_user
+
+    with app.app_context():
+        session = db.session
+        plan = make_plan(session, name="Axe plan", cap=5)
+        user = make_user(session, plan=plan, email="axe-user@example.test")
+        support = make_user(session, role="support", email="axe-support@example.test")
+        admin = make_user(session, role="admin", email="axe-admin@example.test")
+        conversation, _ = make_conversation(session, user, [
+            ("Plan a day in Lisbon", "Trams, then pastéis."), ("And Porto?", "Port wine.")],
+            flagged={1})
+        blink = make_blink(session, user, "Trams in Lisbon", title="Lisbon")
+        for n in range(12):  # enough that the list runs past the bottom of the screen
+            make_blink(session, user, f"Blink number {n}", title=f"Blink {n}")
+        memory = make_memory(session, user, "Prefers aisle seats on long flights.")
+        forgotten = make_memory(session, user, "An old note")
+        document = Document(user_id=user.id, title="Notes", filename="notes.md",
+                            content="# Notes\n\nLisbon trams.")
+        session.add(document)
+        create_key(session, owner=user, name="Laptop", scopes=["memory:read"],
+                   actor=Actor.of(user))
+        session.flush()
+        forget_memory(session, user.id, forgotten.id, mode="soft_delete",
+                      actor=Actor.of(user), reason="")
+        run_memory_build(user, "full", session=session, embedder=HashingEmbedder())
+        session.commit()
+        ids = {"user": user.id, "conversation": conversation.id, "blink": blink.id,
+               "memory": memory.id, "document": document.id, "plan": plan.id}
+        emails = {"user": user.email, "support": support.email, "admin": admin.email}
+        yield ids, emails
+        session.rollback()
+        session.execute(delete(User).where(User.id.in_([user.id, support.id, admin.id])))
+        session.execute(delete(Plan).where(Plan.id == plan.id))
+        session.commit()
+        session.remove()
+
+
+def pages_of(identity: str, ids: dict) -> list[str]:
+    if identity == "guest":
+        return ["/", "/auth/signin", "/auth/signup", "/orbitpilot/", "/no-such-page"]
+    if identity == "user":
+        return [
+            "/", "/orbitpilot/", f"/orbitpilot/c/{ids['conversation']}", "/memory/status",
+            "/blinks/", f"/blinks/edit/?id={ids['blink']}", f"/blinks/delete/?id={ids['blink']}",
+            "/memories/", f"/memories/{ids['memory']}",
+            f"/memories/{ids['memory']}/forget?mode=soft_delete", "/profile/",
+            "/documents/", f"/documents/view/?id={ids['document']}", "/settings/keys/",
+            "/settings/connections", "/admin/", "/no-such-page",
+        ]
+    staff = ["/admin/", "/support/", f"/support/users/{ids['user']}", "/support/plans",
+             "/admin/builds/", "/admin/audit/", "/admin/markers/"]
+    if identity == "support":
+        return staff
+    return staff + ["/admin/assignments/", "/admin/plan/", f"/admin/plan/details/?id={ids['plan']}",
+                    "/admin/user/", f"/admin/user/details/?id={ids['user']}",
+                    "/admin/api_keys/", "/admin/connections/"]

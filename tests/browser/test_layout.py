@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.browser.conftest import pages_of
 from tests.factories import make_blink
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
@@ -48,65 +49,145 @@ def set_dock(page, open_: bool) -> None:
         "open") is not None) == open_)
 
 
-def visible_links(page) -> list[str]:
-    return [a.text.strip() for a in page.driver.find_elements(
-        By.CSS_SELECTOR, "[data-op-nav] .nav-link") if a.is_displayed()]
+def visible_links(page, scope: str = "[data-op-nav]") -> list[str]:
+    """The menu's links a person sees (one round trip: the browser's own visibility)."""
+    return page.driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' a.nav-link')]"
+        ".filter(a => a.checkVisibility({visibilityProperty: true}))"
+        ".map(a => a.innerText.trim());", scope)
 
 
-def test_on_a_phone_the_menu_folds_and_every_entry_is_reachable(page, sized, reader):
-    sized(PHONE)
-    page.sign_in(reader.email)
-    page.open("/blinks/")
-    toggle = page.driver.find_element(By.CSS_SELECTOR, "[data-op-nav-toggle]")
-    assert toggle.is_displayed() and toggle.get_attribute("aria-expanded") == "false"
-    assert visible_links(page) == []
-    for entry in MENU:
-        page.open("/blinks/")
-        page.find("[data-op-nav-toggle]").click()
-        assert page.find("[data-op-nav-toggle]").get_attribute("aria-expanded") == "true"
-        assert visible_links(page) == MENU
-        link = next(a for a in page.driver.find_elements(By.CSS_SELECTOR, "[data-op-nav] .nav-link")
+def open_menu(page, toggle: str, scope: str) -> None:
+    """On a phone the menu is folded under its button: unfold it (by its own click)."""
+    button = page.driver.find_element(By.CSS_SELECTOR, toggle)
+    if button.is_displayed() and button.get_attribute("aria-expanded") != "true":
+        button.click()
+        page.wait().until(lambda d: d.find_element(By.CSS_SELECTOR, toggle).get_attribute(
+            "aria-expanded") == "true" and visible_links(page, scope))
+
+
+MENUS = {
+    # who: (the menu's button, the menu, its entries)
+    "user": ("[data-op-nav-toggle]", "[data-op-nav]", MENU),
+    "admin": (".navbar-toggler", ".navbar-collapse",
+              ["Home", "Plans", "Users", "Assignments", "API keys", "Connected apps",
+               "Builds", "Audit log", "Erasure markers", "Support", "Back to OrbitPilot"]),
+}
+
+
+@pytest.mark.parametrize("who, window", [(w, s) for w in MENUS for s in ("desktop", "phone")],
+                         ids=[f"{w}-{s}" for w in MENUS for s in ("desktop", "phone")])
+def test_every_menu_entry_is_reachable_and_clickable(page, sized, world, who, window):
+    """On a phone the menu folds under a button; each entry is then one press away, and
+    Selenium's own click (refused on anything covered or off-screen) follows it. Sign out
+    comes last."""
+    _, emails = world
+    sized(PHONE if window == "phone" else DESKTOP)
+    page.sign_in(emails[who])
+    toggle, scope, entries = MENUS[who]
+    page.open("/blinks/" if who == "user" else "/admin/")
+    button = page.driver.find_element(By.CSS_SELECTOR, toggle)
+    if window == "phone":
+        assert button.is_displayed() and button.get_attribute("aria-expanded") == "false"
+        assert visible_links(page, scope) == []
+    else:
+        assert not button.is_displayed()
+    for entry in entries:
+        open_menu(page, toggle, scope)
+        assert visible_links(page, scope) == entries
+        link = next(a for a in page.driver.find_elements(By.CSS_SELECTOR, f"{scope} a.nav-link")
                     if a.text.strip() == entry)
         target = link.get_attribute("href")
-        link.click()  # Selenium's click: it fails on anything covered or off-screen
+        link.click()
         page.wait().until(lambda d, target=target: d.current_url.split("#")[0] == target)
-    assert page.driver.execute_script(
-        "return document.documentElement.scrollWidth <= window.innerWidth")
+        page.settle()
+        assert page.driver.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth"), entry
+    open_menu(page, toggle, scope)
+    page.click(f"{scope} form[action$='/auth/signout'] button")
+    page.wait().until(lambda d: "Sign in" in page.text and emails[who] not in d.page_source)
     page.assert_no_violations()
 
 
-def test_on_a_desktop_the_menu_is_open_without_a_button(page, sized, reader):
-    sized(DESKTOP)
-    page.sign_in(reader.email)
-    page.open("/blinks/")
-    assert not page.driver.find_element(By.CSS_SELECTOR, "[data-op-nav-toggle]").is_displayed()
-    assert visible_links(page) == MENU
+# The page's controls (the dock's are its own), as a person meets them: shown, enabled.
+LAST_CONTROL = """
+const scope = document.querySelector(arguments[0]) || document.querySelector('main');
+const controls = [...scope.querySelectorAll(
+    'a[href], button, input:not([type=hidden]), select, textarea, summary')]
+  .filter(e => !e.disabled && e.getClientRects().length > 0 &&
+               getComputedStyle(e).visibility !== 'hidden' &&
+               getComputedStyle(e).pointerEvents !== 'none' &&  // a disabled pager link
+               (arguments[0] !== 'body' || !e.closest('.op-dock')));
+return controls[controls.length - 1] || null;"""
+# Each click is caught before it acts (a delete button deletes nothing): what it hit.
+CATCH_CLICKS = """
+window.__hit = null;
+document.addEventListener('click', e => { window.__hit = e.target; e.preventDefault();
+                                          e.stopPropagation(); }, true);"""
+HIT = """return !!window.__hit &&
+  (window.__hit === arguments[0] || arguments[0].contains(window.__hit));"""
 
 
-@pytest.mark.parametrize("window, dock", [(DESKTOP, "closed"), (PHONE, "closed"),
-                                          (DESKTOP, "open")],
-                         ids=["desktop", "phone", "desktop-dock-open"])
-def test_the_dock_covers_no_control_of_the_page(page, sized, reader, window, dock):
-    """(On a phone the open dock is the whole screen, on purpose.)"""
-    sized(window)
-    page.sign_in(reader.email)
+def last_control_answers(page, scope: str) -> str | None:
+    """Click the last control in ``scope`` with Selenium's own click, which is refused
+    when anything lies over it; None when the click reached it, else what went wrong."""
+    from selenium.common.exceptions import ElementClickInterceptedException
+
+    page.driver.execute_script(CATCH_CLICKS)
+    # Where a person finds a page's last control: at its end.
+    page.driver.execute_script("window.scrollTo(0, document.documentElement.scrollHeight)")
+    last = page.driver.execute_script(LAST_CONTROL, scope)
+    if last is None:
+        return "no control"
+    try:
+        last.click()
+    except ElementClickInterceptedException as exc:
+        return exc.msg.splitlines()[0]
+    return None if page.driver.execute_script(HIT, last) else "the click reached something else"
+
+
+USER_WINDOWS = [("desktop", "closed"), ("desktop", "open"), ("phone", "closed"),
+                ("phone", "open")]
+
+
+@pytest.mark.parametrize("window, dock", USER_WINDOWS,
+                         ids=[f"{w}-dock-{d}" for w, d in USER_WINDOWS])
+def test_the_last_control_of_every_user_page_is_clickable(page, sized, world, window, dock):
+    """With the dock closed it covers nothing of a page; open on a desktop it sits beside
+    the page's last control, and open on a phone it is the screen (its own last control
+    is then the one to reach)."""
+    ids, emails = world
+    sized(PHONE if window == "phone" else DESKTOP)
+    page.sign_in(emails["user"])
     page.open("/blinks/")
     set_dock(page, dock == "open")
-    controls = [e for e in page.driver.find_elements(
-        By.CSS_SELECTOR, "main a, main button, main input, main textarea, main select")
-        if e.is_displayed()]
-    last = controls[-1]
-    page.driver.execute_script("window.scrollTo(0, document.body.scrollHeight)")
-    covered = page.driver.execute_script(
-        "const r = arguments[0].getBoundingClientRect();"
-        "const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);"
-        "return !(hit === arguments[0] || arguments[0].contains(hit));", last)
-    where = page.driver.execute_script(
-        "const r = arguments[0].getBoundingClientRect();"
-        "const d = document.querySelector('.op-dock').getBoundingClientRect();"
-        "return {control: [r.top, r.bottom, r.right], dock: [d.top, d.left]};", last)
-    assert covered is False, repr(where)
-    last.click()  # Selenium's own click: refused if anything lies over it
+    scope = ".op-dock" if (window, dock) == ("phone", "open") else "main"
+    refused = {}
+    for path in pages_of("user", ids):
+        page.open(path)
+        problem = last_control_answers(page, scope)
+        if problem:
+            refused[path] = problem
+    page.open("/blinks/")  # a page whose clicks are not caught
+    set_dock(page, False)
+    assert refused == {}
+
+
+@pytest.mark.parametrize("who, window", [(w, s) for w in ("support", "admin")
+                                         for s in ("desktop", "phone")],
+                         ids=[f"{w}-{s}" for w in ("support", "admin")
+                              for s in ("desktop", "phone")])
+def test_the_last_control_of_every_staff_page_is_clickable(page, sized, world, who, window):
+    ids, emails = world
+    sized(PHONE if window == "phone" else DESKTOP)
+    page.sign_in(emails[who])
+    refused = {}
+    for path in pages_of(who, ids):
+        page.open(path)
+        problem = last_control_answers(page, "body")
+        if problem:
+            refused[path] = problem
+    assert refused == {}
 
 
 def test_on_a_phone_the_open_dock_takes_the_screen(page, sized, reader):

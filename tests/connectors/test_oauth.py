@@ -308,3 +308,13 @@ def test_registrations_are_limited_per_client_address(app, client, monkeypatch):
     answer = client.post("/oauth/register", json={"client_name": "x",
                                                   "redirect_uris": [REDIRECT_URI]})
     assert answer.status_code == 429
+
+
+def test_with_nothing_connected_the_page_says_how_to_connect_an_app(client, signed_in):
+    response = client.get("/settings/connections/")
+    assert response.status_code == 200
+    page = response.get_data(as_text=True)
+    empty = page[page.index('id="no-connections"'):]
+    assert "No connected apps yet." in empty
+    assert "http://localhost/mcp</code>" in empty  # the server's own address, to paste
+    assert 'href="/settings/keys/"' in empty
