@@ -171,7 +171,7 @@ def init_admin(app: Flask) -> Admin:
         name="OrbitPilot staff",
         url="/admin",
         index_view=StaffIndexView(url="/admin"),
-        theme=Bootstrap4Theme(swatch="default"),
+        theme=Bootstrap4Theme(swatch="default", fluid=True),  # the menu fits one line
         csp_nonce_generator=csp_nonce,
     )
     admin.add_view(PlanView(Plan, db, name="Plans"))

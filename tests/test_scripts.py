@@ -99,3 +99,22 @@ def test_a_file_a_test_leaves_in_the_checkout_is_seen_as_dirt():
     finally:
         stray.unlink()
     assert dirty_paths() == before
+
+
+def test_every_picture_the_screenshots_command_copies_is_taken_by_a_test():
+    """``scripts/screenshots`` copies named pictures out of a browser run: each name must
+    be one a test takes (else the copy fails after a whole run), and in docs/screenshots."""
+    import re
+
+    script = (ROOT / "scripts" / "screenshots").read_text()
+    shown = re.search(r"SHOWN=\(([^)]*)\)", script).group(1).split()
+    taken = set()
+    for test in (ROOT / "tests" / "browser").glob("test_*.py"):
+        for name in re.findall(r'screenshot\(f?"([^"]+)"\)', test.read_text()):
+            taken |= {name.replace("{who}", who) for who in ("user", "admin")}
+    assert len(shown) >= 6
+    assert set(shown) - taken == set()
+    assert all((ROOT / "docs" / "screenshots" / name).is_file() for name in shown)
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"docs/screenshots/{name}" in readme for name in
+               ("memory-status.png", "phone-memory-status.png", "phone-dock.png"))

@@ -184,6 +184,14 @@ def _actor(view: Any, context: Any, model: AuditEvent, name: str) -> Any:
     return _pair(model.actor_type, model.actor_id)
 
 
+def _action(view: Any, context: Any, model: AuditEvent, name: str) -> Any:
+    """The action in words, its code small beside (an older release's code as it is)."""
+    words = ACTIONS.get(model.action)
+    if words is None:
+        return model.action
+    return Markup('{}<br><code class="small text-muted">{}</code>').format(words, model.action)
+
+
 def _target(view: Any, context: Any, model: AuditEvent, name: str) -> str:
     return _pair(model.target_type, model.target_id)
 
@@ -268,6 +276,7 @@ class AuditEventView(ReadOnlyView):
                            "owner_id", "target_type", "target_id", "mode", "details",
                            "prev_hash", "hash")
     column_formatters = {
+        "action": _action,
         "actor": _actor,
         "target": _target,
         "details": _details_list,

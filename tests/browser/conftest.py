@@ -3,7 +3,7 @@
 test database, and ``Page``, the browser at that server — it signs in through the form,
 and reads the console after every page and click for what the Content-Security-Policy
 refused (or a script error). Its screenshots go to a folder of pytest's temporary directory,
-or to ``$ORBITPILOT_SCREENSHOTS`` (``docs/screenshots`` refreshes the docs' pictures).
+or to ``$ORBITPILOT_SCREENSHOTS`` (``scripts/screenshots`` refreshes the docs' pictures).
 
 Without Selenium or Chromium the ``browser`` fixture skips, which fails in CI.
 """
@@ -47,8 +47,8 @@ POLL_SECONDS = 0.05  # Selenium's own default (0.5 s) adds up to seconds over a 
 # following Content Security Policy directive ...", "Running the JavaScript URL violates
 # ...", "Refused to load ..."), and a script that broke.
 PROBLEM_MARKERS = ("Content Security Policy", "Refused to", "Uncaught")
-# Where screenshots go when asked for: docs/screenshots is tracked, so a run writes there
-# only on purpose (ORBITPILOT_SCREENSHOTS=docs/screenshots).
+# Where screenshots go when asked for (scripts/screenshots sets it to a temporary folder
+# and copies the docs' pictures into docs/screenshots afterwards).
 SCREENSHOTS_VARIABLE = "ORBITPILOT_SCREENSHOTS"
 
 
@@ -241,7 +241,7 @@ def world(app):
 
     with app.app_context():
         session = db.session
-        plan = make_plan(session, name="Axe plan", cap=5)
+        plan = make_plan(session, name="Voyager", cap=5)
         user = make_user(session, plan=plan, email="axe-user@example.test")
         support = make_user(session, role="support", email="axe-support@example.test")
         admin = make_user(session, role="admin", email="axe-admin@example.test")

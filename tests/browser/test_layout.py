@@ -92,9 +92,14 @@ def test_every_menu_entry_is_reachable_and_clickable(page, sized, world, who, wi
         assert visible_links(page, scope) == []
     else:
         assert not button.is_displayed()
-    for entry in entries:
+        # One line: no entry wraps under another.
+        assert page.driver.execute_script(
+            "return document.querySelector('nav.navbar').getBoundingClientRect().height") < 70
+    for n, entry in enumerate(entries):
         open_menu(page, toggle, scope)
         assert visible_links(page, scope) == entries
+        if n == 0 and window == "phone":
+            page.screenshot(f"phone-menu-{who}.png")
         link = next(a for a in page.driver.find_elements(By.CSS_SELECTOR, f"{scope} a.nav-link")
                     if a.text.strip() == entry)
         target = link.get_attribute("href")
@@ -165,6 +170,8 @@ def test_the_last_control_of_every_user_page_is_clickable(page, sized, world, wi
     refused = {}
     for path in pages_of("user", ids):
         page.open(path)
+        if (window, dock, path) == ("phone", "closed", "/memory/status"):
+            page.screenshot("phone-memory-status.png")
         problem = last_control_answers(page, scope)
         if problem:
             refused[path] = problem
@@ -201,6 +208,7 @@ def test_on_a_phone_the_open_dock_takes_the_screen(page, sized, reader):
         "return [r.left, r.top, r.width, r.height, v.clientWidth, v.clientHeight];")
     left, top, width, height, inner_width, inner_height = box
     assert (left, top) == (0, 0) and (width, height) == (inner_width, inner_height)
+    page.screenshot("phone-dock.png")
     composer = page.find(".op-dock [data-op-composer] textarea")
     composer.click()  # reachable, not under anything
     assert page.driver.switch_to.active_element == composer
