@@ -154,7 +154,8 @@ def test_switching_chat_history_off_for_free_shows_impact_and_is_audited(
     page.settle()
     assert page.driver.current_url == page.base_url + AUDIT_PATH
     shown = [r for r in audit_rows(page) if int(r["seq"]) > before_seq
-             and r["action"] == "assignment.set" and r["target"] == f"plan:{free.id}"]
+             and r["action"].splitlines() == ["Source assignment changed", "assignment.set"]
+             and r["target"] == f"plan:{free.id}"]
     assert len(shown) == 1, audit_rows(page)
     details = shown[0]["details"].splitlines()
     assert f'source_key: "{CHAT_HISTORY}"' in details
