@@ -23,6 +23,7 @@ from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 from dashboard.embedded import get_services
 from dashboard.extensions import db
 from dashboard.memories.erasure import vacuum_after_erasures
+from dashboard.memory import VIOLATION_KINDS, verify_memory
 from dashboard.plans.services import find_plan
 from dashboard.refusals import Refusal
 
@@ -203,9 +204,39 @@ def audit_checkpoint() -> None:
         click.echo("No new events since the last checkpoint.")
 
 
-@click.group("memories", help="Saved memories: upkeep of their erasure receipts.")
+@click.group("memories", help="Memory upkeep: the truth check, the erasure VACUUM.")
 def memories_group() -> None:
     pass
+
+
+@memories_group.command("verify")
+@click.option("--user", "email", default=None, help="Check this user only (an email).")
+@click.option("--no-repair", is_flag=True, help="Report only: request no repair builds.")
+@with_appcontext
+def memories_verify(email: str | None, no_repair: bool) -> None:
+    """The truth check: every user's stored chunks against what their plan, flags and
+    records allow now. Each finding is audited (counts only) and, unless --no-repair,
+    repaired by a full rebuild. Exit status 1 when something was found."""
+    user_ids = None
+    if email is not None:
+        user = accounts.get_user_by_email(db.session, email)
+        if user is None:
+            raise click.ClickException(f"No user has the email {email!r}.")
+        user_ids = [user.id]
+    report = verify_memory(
+        db.session, ann_threshold=current_app.config["ANN_MIN_CHUNKS"], user_ids=user_ids,
+        repair=not no_repair, actor=CLI_ACTOR)
+    db.session.commit()
+    click.echo(f"Checked {report.users_checked} users and {report.chunks_checked} chunks "
+               f"({report.users_pending} with a build due, not judged).")
+    for v in report.violations:
+        where = f" in {v.source_key}" if v.source_key else ""
+        click.echo(f"  user {v.user_id}: {v.count} × {VIOLATION_KINDS[v.kind]}{where}")
+    if report.violations:
+        click.echo(f"{len(report.violations)} findings for {report.users_with_violations} "
+                   f"users; {report.repairs_requested} repair builds requested.")
+        raise SystemExit(1)
+    click.echo("Nothing found.")
 
 
 @memories_group.command("vacuum")

@@ -1,7 +1,8 @@
 """The periodic tasks a worker runs (each once per interval across all workers, by a
 lease): the sweeper, idle conversations, the schedule, a model change's rebuilds, the
-audit checkpoint and its anchor, the erasure VACUUM. A failing task is logged by kind and
-does not stop the others. And the audit checkpoint once more when a worker stops."""
+audit checkpoint and its anchor, the erasure VACUUM, the truth check. A failing task is
+logged by kind and does not stop the others. And the audit checkpoint once more when a
+worker stops."""
 
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
                      batch=config["MODEL_CHANGE_BATCH"])),
     PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS", _audit_checkpoint),
     PeriodicTask("erasure_vacuum", "ERASURE_VACUUM_SECONDS", _erasure_vacuum),
+    PeriodicTask("memory_verify", "MEMORY_VERIFY_SECONDS",
+                 lambda session, queue, config: memory.verify_memory(
+                     session, ann_threshold=queue.settings.ann_min_chunks)),
 )
 
 

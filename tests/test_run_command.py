@@ -212,20 +212,6 @@ def runs(tmp_path):
         run.kill_everything()
 
 
-def test_ctrl_c_right_after_it_serves_ends_everything_within_15_seconds(runs):
-    run = runs()
-    run.wait_serving()
-    assert "Demo accounts" in run.output()
-    assert run.left_behind(), "the embedded servers should be up while it serves"
-    sent = time.monotonic()
-    run.signal_group(signal.SIGINT)  # what the terminal does on Ctrl+C
-    run.proc.wait(timeout=15)
-    assert time.monotonic() - sent < 15
-    assert run.left_behind() == []  # no PostgreSQL, no Valkey
-    assert not listening_on(run.port)  # no web server
-    assert "==> stopped" in run.output()
-
-
 def test_a_run_killed_in_its_first_seconds_never_spoils_the_next(runs, tmp_path):
     for delay in (0.5, 1.0, 2.5):
         run = runs("clone")
@@ -240,7 +226,8 @@ def test_a_run_killed_in_its_first_seconds_never_spoils_the_next(runs, tmp_path)
     assert wait_until(lambda: run.left_behind() == [], timeout=15)
 
 
-def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down(runs):
+def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down_and_ctrl_c_ends_the_next(
+        runs):
     run = runs()
     run.wait_serving()
     os.kill(run.proc.pid, signal.SIGKILL)  # only the supervising process
@@ -249,10 +236,18 @@ def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down(runs):
     assert wait_until(lambda: not listening_on(run.port), timeout=20)
     assert wait_until(lambda: run.left_behind() == [], timeout=30), \
         [p.cmdline() for p in run.left_behind()]
+    # The next run serves; Ctrl+C right after it serves ends all of it within 15 s.
     again = runs()
     again.wait_serving()
-    again.signal_group(signal.SIGTERM)
+    assert "Demo accounts" in again.output()
+    assert again.left_behind(), "the embedded servers should be up while it serves"
+    sent = time.monotonic()
+    again.signal_group(signal.SIGINT)  # what the terminal does on Ctrl+C
     again.proc.wait(timeout=15)
+    assert time.monotonic() - sent < 15
+    assert again.left_behind() == []  # no PostgreSQL, no Valkey
+    assert not listening_on(again.port)  # no web server
+    assert "==> stopped" in again.output()
 
 
 def test_kill_9_of_the_run_command_while_its_worker_sets_up_leaves_nothing_running(runs):

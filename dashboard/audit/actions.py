@@ -17,6 +17,7 @@ ACTIONS: dict[str, str] = {
     "memory.redact": "Memory redacted",
     "memory.hard_delete": "Memory hard-deleted",
     "memory.restore": "Memory restored",
+    "memory.verify": "Truth check found stored chunks to repair",
     "message.remember_toggle": "Message remember switch",
     "oauth.client_register": "App registered",
     "oauth.deny": "App access denied",

@@ -7,7 +7,8 @@ only (a test holds it so); the modules behind it are the engine's own.
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
 - jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs,
-  a model change (``request_model_change_builds``, ``model_change_progress``);
+  a model change (``request_model_change_builds``, ``model_change_progress``), the truth
+  check (``verify_memory``, ``last_verification``);
 - what they run with: the queue, the embedders, the settings, the models."""
 
 from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
@@ -56,6 +57,8 @@ from dashboard.memory.runner import abandon_build, execute_build
 from dashboard.memory.search import NothingToSearch, search_memory
 from dashboard.memory.settings import EngineSettings, settings_from
 from dashboard.memory.status import BuildSummary, MemoryStatus, memory_status
+from dashboard.memory.verify import KINDS as VIOLATION_KINDS
+from dashboard.memory.verify import VerifyReport, last_verification, verify_memory
 
 __all__ = [
     # requests
@@ -69,7 +72,7 @@ __all__ = [
     # jobs
     "ModelChange", "abandon_build", "execute_build", "fan_out_plan_builds",
     "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
-    "sweep_builds",
+    "sweep_builds", "VIOLATION_KINDS", "VerifyReport", "last_verification", "verify_memory",
     # what they run with
     "BUILD_MODES", "BUILD_STATUSES", "BUILD_TRIGGERS", "OWN_CUT", "BuildQueue", "Embedder",
     "EngineSettings", "MemoryBuild", "MemoryChunk",

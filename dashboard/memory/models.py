@@ -32,9 +32,10 @@ BUILD_MODES = ("quick", "full")
 BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
 # What asked for a build. content_change: content, flags or deletions the user (or the
 # API) wrote; plan_change: the user's plan, or the cap or assignments of their plan;
-# model_change: the embedding model changed (``memory.model_change``).
+# model_change: the embedding model changed (``memory.model_change``); repair: the truth
+# check found stored chunks that should not be there (``memory.verify``).
 BUILD_TRIGGERS = ("conversation_end", "conversation_idle", "user", "admin", "schedule", "system",
-                  "content_change", "plan_change", "model_change")
+                  "content_change", "plan_change", "model_change", "repair")
 
 
 class MemoryChunk(db.Model):
@@ -147,3 +148,20 @@ class MemoryState(db.Model):
     included_keys: Mapped[list[str]] = mapped_column(ARRAY(String(64)))
     embedding_model: Mapped[str] = mapped_column(String(64))
     build_id: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class MemoryVerification(db.Model):
+    """One run of the truth check (``memory.verify``): what it looked at and found, in
+    counts only. The staff home shows the latest; violations themselves are audit events."""
+
+    __tablename__ = "memory_verifications"
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    users_checked: Mapped[int] = mapped_column(Integer)
+    users_pending: Mapped[int] = mapped_column(Integer)  # a build was due: not judged
+    chunks_checked: Mapped[int] = mapped_column(BigInteger)
+    violations: Mapped[int] = mapped_column(Integer)
+    users_with_violations: Mapped[int] = mapped_column(Integer)
+    repairs_requested: Mapped[int] = mapped_column(Integer)

@@ -11,6 +11,7 @@ from flask import abort, redirect, request
 from flask_admin import BaseView, expose
 
 from dashboard.extensions import db
+from dashboard.memory import last_verification
 from dashboard.staff import RoleGate
 from dashboard.support.services import MIN_PART, find_users, plan_report, user_trace
 
@@ -24,17 +25,19 @@ class SupportView(RoleGate, BaseView):
     def index(self) -> Any:
         query = request.args.get("q", "").strip()
         if not query:
-            return self.render("support/index.html", q="", message=None)
+            return self.render("support/index.html", q="", message=None,
+                               truth=last_verification(db.session))
         matches, more = find_users(db.session, query)
         if len(matches) == 1 and not more:
             return redirect(self.get_url(".trace", user_id=matches[0].id))
+        truth = last_verification(db.session)
         if not matches:
             # The same page again, with the query kept so it can be corrected.
             short = len(query) < MIN_PART and not query.isdigit()
-            return self.render("support/index.html", q=query,
+            return self.render("support/index.html", q=query, truth=truth,
                                message=TOO_SHORT if short else NO_MATCH), 404
         return self.render("support/index.html", q=query, message=None, matches=matches,
-                           more=more)
+                           more=more, truth=truth)
 
     @expose("/users/<int:user_id>")
     def trace(self, user_id: int) -> Any:

@@ -1,0 +1,182 @@
+"""The truth check: per user, the stored chunks hold nothing the resolution, the flags and
+the records' statuses do not allow, their counts are what the last build stored, and the
+``ann`` flag agrees with the threshold. A violation is an audit event (counts and ids
+only) and a repair build; each run leaves a ``MemoryVerification`` row.
+
+A user with a build queued or running is not judged: that build settles every change
+made so far (each change asks for one in its own transaction)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import distinct_on
+from sqlalchemy.orm import Session, selectinload
+
+from dashboard.audit.services import SYSTEM, Actor, record_event
+from dashboard.auth.models import User
+from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryVerification
+from dashboard.memory.pipeline import fresh_chunks
+from dashboard.memory.requests import request_builds
+from dashboard.plans.models import Plan
+from dashboard.plans.services import FALLBACK_PLAN, UserPlan, resolve_sources
+from dashboard.sources import extract
+
+BATCH_SIZE = 500
+VERIFY_ACTION = "memory.verify"
+
+# What each kind of violation means, for the staff home and the command's report.
+KINDS = {
+    "source_not_included": "chunks of a source the user's plan does not include now",
+    "not_allowed": "chunks no current record allows (a flagged pair, an excluded Blink, "
+                   "a memory not active, a deleted document, or changed content)",
+    "count_mismatch": "a chunk count other than what the last build stored",
+    "ann_flag": "rows whose ann flag disagrees with ANN_MIN_CHUNKS",
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    user_id: int
+    kind: str
+    source_key: str | None
+    count: int
+
+
+@dataclass
+class VerifyReport:
+    started_at: datetime
+    users_checked: int = 0
+    users_pending: int = 0
+    chunks_checked: int = 0
+    violations: list[Violation] = field(default_factory=list)
+    repairs_requested: int = 0
+
+    @property
+    def users_with_violations(self) -> int:
+        return len({v.user_id for v in self.violations})
+
+
+def _plans(session: Session) -> tuple[dict[int, UserPlan], UserPlan]:
+    plans = {plan.id: UserPlan.from_plan(plan) for plan in session.scalars(
+        select(Plan).options(selectinload(Plan.assignments)))}
+    default = next((plan for plan in plans.values() if plan.is_default), FALLBACK_PLAN)
+    return plans, default
+
+
+def _last_counts(session: Session, user_ids: list[int]) -> dict[int, dict[str, int]]:
+    """Per user, what the last succeeded build left stored per source (added + kept)."""
+    rows = session.execute(
+        select(MemoryBuild.user_id, MemoryBuild.source_counts)
+        .where(MemoryBuild.user_id.in_(user_ids), MemoryBuild.status == "succeeded")
+        .ext(distinct_on(MemoryBuild.user_id))
+        .order_by(MemoryBuild.user_id, MemoryBuild.finished_at.desc().nulls_last(),
+                  MemoryBuild.id.desc())
+    ).all()
+    return {user_id: {key: int(c.get("added", 0)) + int(c.get("kept", 0))
+                      for key, c in (counts or {}).items()}
+            for user_id, counts in rows}
+
+
+def _judge(session: Session, user_id: int, plan: UserPlan, stored: dict[str, list[int]],
+           last: dict[str, int] | None, ann_threshold: int) -> list[Violation]:
+    """``stored``: per source, [rows, ann rows]."""
+    found: list[Violation] = []
+    included = set(resolve_sources(plan).included_keys)
+    for key, (rows, _) in sorted(stored.items()):
+        if key not in included:
+            found.append(Violation(user_id, "source_not_included", key, rows))
+    checked = sorted(key for key in stored if key in included)
+    if checked:
+        allowed = fresh_chunks(extract(session, user_id, tuple(checked)))
+        extra: dict[str, int] = defaultdict(int)
+        for row in session.execute(
+                select(MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index,
+                       MemoryChunk.content_hash)
+                .where(MemoryChunk.user_id == user_id,
+                       MemoryChunk.source_key.in_(checked))):
+            if tuple(row) not in allowed:
+                extra[row.source_key] += 1
+        found += [Violation(user_id, "not_allowed", key, n) for key, n in sorted(extra.items())]
+    if last is not None:
+        for key in sorted(set(stored) | set(last)):
+            have, had = stored.get(key, [0, 0])[0], last.get(key, 0)
+            if have != had:
+                found.append(Violation(user_id, "count_mismatch", key, have - had))
+    total = sum(rows for rows, _ in stored.values())
+    ann_rows = sum(ann for _, ann in stored.values())
+    expected = total if total >= ann_threshold else 0
+    if ann_rows != expected:
+        found.append(Violation(user_id, "ann_flag", None, abs(ann_rows - expected)))
+    return found
+
+
+def verify_memory(session: Session, *, ann_threshold: int,
+                  user_ids: Iterable[int] | None = None, repair: bool = True,
+                  actor: Actor = SYSTEM, batch_size: int = BATCH_SIZE) -> VerifyReport:
+    """Check every user (or ``user_ids``), a batch at a time; audit each violating user
+    and ask for a full rebuild of their memory. Flushes; the caller commits."""
+    report = VerifyReport(started_at=datetime.now(UTC))
+    plans, default = _plans(session)
+    wanted = sorted(set(user_ids)) if user_ids is not None else None
+    after = 0
+    while True:
+        query = select(User.id, User.plan_id).where(User.id > after).order_by(User.id) \
+            .limit(batch_size)
+        if wanted is not None:
+            query = query.where(User.id.in_(wanted))
+        users = session.execute(query).all()
+        if not users:
+            break
+        after = users[-1].id
+        ids = [u.id for u in users]
+        pending = set(session.scalars(select(MemoryBuild.user_id).where(
+            MemoryBuild.user_id.in_(ids), MemoryBuild.status.in_(("queued", "running")))))
+        stored: dict[int, dict[str, list[int]]] = defaultdict(dict)
+        for user_id, key, rows, ann in session.execute(
+                select(MemoryChunk.user_id, MemoryChunk.source_key, func.count(),
+                       func.count().filter(MemoryChunk.ann))
+                .where(MemoryChunk.user_id.in_(ids))
+                .group_by(MemoryChunk.user_id, MemoryChunk.source_key)):
+            stored[user_id][key] = [rows, ann]
+        last = _last_counts(session, ids)
+        for user in users:
+            if user.id in pending:
+                report.users_pending += 1
+                continue
+            report.users_checked += 1
+            mine = stored.get(user.id, {})
+            report.chunks_checked += sum(rows for rows, _ in mine.values())
+            plan = plans.get(user.plan_id, default) if user.plan_id is not None else default
+            report.violations += _judge(session, user.id, plan, mine, last.get(user.id),
+                                        ann_threshold)
+    _record(session, report, repair=repair, actor=actor)
+    return report
+
+
+def _record(session: Session, report: VerifyReport, *, repair: bool, actor: Actor) -> None:
+    by_user: dict[int, dict[str, int]] = defaultdict(dict)
+    for v in report.violations:
+        by_user[v.user_id][f"{v.kind}:{v.source_key}" if v.source_key else v.kind] = v.count
+    for user_id, found in sorted(by_user.items()):
+        record_event(session, action=VERIFY_ACTION, actor=actor, owner_id=user_id,
+                     target_type="user", target_id=user_id, details={"violations": found})
+    if repair and by_user:
+        report.repairs_requested = len(request_builds(session, sorted(by_user), mode="full",
+                                                      trigger="repair"))
+    session.add(MemoryVerification(
+        started_at=report.started_at, finished_at=datetime.now(UTC),
+        users_checked=report.users_checked, users_pending=report.users_pending,
+        chunks_checked=report.chunks_checked, violations=len(report.violations),
+        users_with_violations=report.users_with_violations,
+        repairs_requested=report.repairs_requested))
+    session.flush()
+
+
+def last_verification(session: Session) -> MemoryVerification | None:
+    return session.scalars(select(MemoryVerification)
+                           .order_by(MemoryVerification.id.desc()).limit(1)).first()
