@@ -48,6 +48,7 @@ from dashboard.memories.models import ApiKey, ForgetMarker
 from dashboard.memories.pages import bp as memories_bp
 from dashboard.memory import MemoryBuild
 from dashboard.memory.views import bp as memory_bp
+from dashboard.metrics import bp as metrics_bp
 from dashboard.orbitpilot.profile_pages import bp as profile_bp
 from dashboard.orbitpilot.views import bp as orbitpilot_bp
 from dashboard.plans.models import Plan
@@ -159,7 +160,7 @@ def _start_embedded_on_first_use(app: Flask) -> None:
 
 def init_blueprints(app: Flask) -> None:
     for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
-                      documents_bp, keys_bp, memories_bp, connectors_bp):
+                      documents_bp, keys_bp, memories_bp, connectors_bp, metrics_bp):
         app.register_blueprint(blueprint)
     init_oauth(app)
 

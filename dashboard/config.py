@@ -159,6 +159,8 @@ def build_settings() -> dict[str, Any]:
         # How often a worker VACUUMs the memory tables when redactions or hard deletes
         # wait for it (their erasure receipts record when it ran; 0: never).
         "ERASURE_VACUUM_SECONDS": _env("ERASURE_VACUUM_SECONDS", 300, int),
+        # A scraper's bearer token for GET /metrics (unset: staff signed in only).
+        "METRICS_TOKEN": _env("METRICS_TOKEN", None),
         # How often a worker runs the truth check over every user's memory (0: never).
         "MEMORY_VERIFY_SECONDS": _env("MEMORY_VERIFY_SECONDS", 86400, int),
         # The schedule treats a change stamped up to this long before a build read its
