@@ -159,6 +159,10 @@ def build_settings() -> dict[str, Any]:
         # How often a worker VACUUMs the memory tables when redactions or hard deletes
         # wait for it (their erasure receipts record when it ran; 0: never).
         "ERASURE_VACUUM_SECONDS": _env("ERASURE_VACUUM_SECONDS", 300, int),
+        # How long the database's backups keep copies, in days: erasure receipts say by
+        # when erased content is gone from them (unset: "no backups" on the embedded
+        # default, "not stated" on a server of yours).
+        "BACKUP_RETENTION_DAYS": _env("BACKUP_RETENTION_DAYS", None, int),
         # A scraper's bearer token for GET /metrics (unset: staff signed in only).
         "METRICS_TOKEN": _env("METRICS_TOKEN", None),
         # How often a worker runs the truth check over every user's memory (0: never).

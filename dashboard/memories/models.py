@@ -114,6 +114,10 @@ class ForgetMarker(db.Model):
     audit_event_id: Mapped[int | None] = mapped_column(BigInteger)
     vacuum_due: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     vacuumed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The post-delete probe of a forget: an exact count of the owner's chunks of this
+    # memory, in the forget's own transaction after the delete (NULL for a restore).
+    probed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    probe_rows: Mapped[int | None] = mapped_column(Integer)
 
     owner: Mapped[User] = relationship(foreign_keys=[owner_id])
 

@@ -6,9 +6,19 @@ the id from the form, so every endpoint can be built without an argument."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+from flask import (
+    Blueprint,
+    abort,
+    current_app,
+    flash,
+    redirect,
+    render_template,
+    request,
+    url_for,
+)
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from wtforms import HiddenField, TextAreaField
@@ -228,4 +238,18 @@ def receipt(marker_id: str):
         _refuse(exc)
     receipts = services.receipts_of_memory(db.session, current_user.id, shown.memory_id)
     return render_template("memories/memory_receipt.html", receipt=shown, receipts=receipts,
-                           modes=MODE_LABELS)
+                           modes=MODE_LABELS, backups=backup_horizon(shown.created_at))
+
+
+def backup_horizon(done_at: datetime) -> str:
+    """Where copies of what was erased may still be: backups, until they expire."""
+    days = current_app.config.get("BACKUP_RETENTION_DAYS")
+    if days:
+        expires = (done_at + timedelta(days=days)).astimezone(UTC)
+        return (f"Copies in backups expire by {expires:%Y-%m-%d} (backups are kept "
+                f"{days} days).")
+    binding = current_app.extensions.get("orbitpilot.embedded")
+    if binding is not None and binding.postgres:
+        return "No backups: the embedded database keeps no copies."
+    return ("Not stated: this server's operator keeps its backups, and has not said for "
+            "how long (BACKUP_RETENTION_DAYS).")

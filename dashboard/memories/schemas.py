@@ -218,6 +218,13 @@ class VacuumState(BaseModel):
     vacuumed_at: datetime | None
 
 
+class ProbeState(BaseModel):
+    at: datetime | None = Field(description="When the post-delete probe ran (null for a "
+                                            "restore).")
+    rows: int | None = Field(description="The memory's chunks an exact count found after "
+                                         "the delete: 0.")
+
+
 class ReceiptOut(BaseModel):
     """An erasure receipt: what a forget or restore did. Never content."""
 
@@ -232,6 +239,7 @@ class ReceiptOut(BaseModel):
     audit_event: AuditRef
     created_at: datetime
     vacuum: VacuumState
+    probe: ProbeState
 
 
 class DeleteOut(BaseModel):

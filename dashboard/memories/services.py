@@ -35,6 +35,7 @@ from dashboard.memory import (
     MemoryChunk,
     RecallCut,
     build_for_change,
+    count_item_chunks,
     forget_chunks,
     search_memory,
     wait_for_builds,
@@ -373,6 +374,8 @@ class Receipt:
     vacuumed_at: datetime | None
     reason: str = ""
     build: BuildRequest | None = field(default=None, compare=False)
+    probed_at: datetime | None = None
+    probe_rows: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -389,6 +392,8 @@ class Receipt:
             "vacuum": {"due": self.vacuum_due,
                        "vacuumed_at": self.vacuumed_at.isoformat() if self.vacuumed_at
                        else None},
+            "probe": {"at": self.probed_at.isoformat() if self.probed_at else None,
+                      "rows": self.probe_rows},
         }
 
 
@@ -400,7 +405,8 @@ def receipt_of(session: Session, marker: ForgetMarker, *,
     return Receipt(marker.id, str(marker.memory_id), marker.mode, marker.from_status,
                    marker.to_status, marker.version, marker.removed_versions,
                    marker.removed_chunks, marker.audit_event_id, audit_hash,
-                   marker.created_at, marker.vacuum_due, marker.vacuumed_at, marker.reason)
+                   marker.created_at, marker.vacuum_due, marker.vacuumed_at, marker.reason,
+                   probed_at=marker.probed_at, probe_rows=marker.probe_rows)
 
 
 def find_receipt(session: Session, owner_id: int, marker_id: object) -> Receipt:
@@ -450,6 +456,12 @@ def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, a
         actor_type=actor.kind, actor_id=str(actor.id), version=memory.version,
         from_status=from_status, to_status=to_status, removed_versions=removed_versions,
         removed_chunks=removed_chunks, vacuum_due=mode in ("redact", "hard_delete"))
+    if mode != "restore":
+        # Proof, not belief: after the delete, an exact count (no index that could miss
+        # a row) of the owner's chunks of this memory, in this same transaction.
+        marker.probe_rows = count_item_chunks(session, memory.owner_id, SAVED,
+                                              str(memory.id))
+        marker.probed_at = datetime.now(UTC)
     session.add(marker)
     session.flush()
     event = record_event(

@@ -22,7 +22,7 @@ from dashboard.memory.embedders import (
     preload_embedder,
     recall_cut,
 )
-from dashboard.memory.locks import BuildsBusy, forget_chunks, wait_for_builds
+from dashboard.memory.locks import BuildsBusy, count_item_chunks, forget_chunks, wait_for_builds
 from dashboard.memory.maintenance import (
     fan_out_plan_builds,
     request_scheduled_builds,
@@ -65,7 +65,7 @@ __all__ = [
     "BuildRequest", "RateLimited", "build_for_change", "request_build", "request_builds",
     "request_builds_by_staff", "request_plan_builds_by_staff", "request_user_update",
     # forgetting
-    "BuildsBusy", "forget_chunks", "wait_for_builds",
+    "BuildsBusy", "count_item_chunks", "forget_chunks", "wait_for_builds",
     # reading
     "BuildSummary", "MemoryStatus", "NothingToSearch", "memory_status", "preview_memory_build",
     "search_memory",

@@ -84,3 +84,11 @@ def forget_chunks(session: Session, user_id: int, source_key: str,
         MemoryChunk.source_id == func.any(bindparam("ids", ids, type_=ARRAY(
             MemoryChunk.source_id.type)))))
     return result.rowcount or 0
+
+
+def count_item_chunks(session: Session, user_id: int, source_key: str, source_id: str) -> int:
+    """An exact count of one item's stored chunks (an erasure receipt's post-delete probe:
+    by the user's key index, never the approximate one, which could miss a row)."""
+    return session.scalar(select(func.count()).select_from(MemoryChunk).where(
+        MemoryChunk.user_id == user_id, MemoryChunk.source_key == source_key,
+        MemoryChunk.source_id == source_id)) or 0
