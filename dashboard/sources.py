@@ -23,6 +23,16 @@ class Record:
 
 
 Extractor = Callable[[Session, int], list[Record]]
+# The same for many users in one query: each user's records (a user with none: absent).
+ManyExtractor = Callable[[Session, list[int]], dict[int, list[Record]]]
+
+
+def by_user(rows: Any, make: Callable[[Any], Record]) -> dict[int, list[Record]]:
+    """Rows whose first column is the user id, ordered by it: each user's records."""
+    found: dict[int, list[Record]] = {}
+    for row in rows:
+        found.setdefault(row[0], []).append(make(row))
+    return found
 
 
 @dataclass(frozen=True)
@@ -68,6 +78,8 @@ class Source:
     parts: Parts | None = None
     # How many of a user's items the user marked "do not remember" (the status page).
     not_remembered: Callable[[Session, int], int] | None = None
+    # ``extract`` for a batch of users in one query (the truth check).
+    extract_many: ManyExtractor | None = None
 
     def changed_since(self, user_id: ColumnElement[int],
                       since: ColumnElement[datetime]) -> ColumnElement[bool]:
@@ -123,3 +135,13 @@ def extract(session: Session, user_id: int, source_keys: tuple[str, ...]) -> lis
     for key in source_keys:
         records.extend(get_source(key).extract(session, user_id))
     return records
+
+
+def extract_many(session: Session, user_ids: list[int], source_key: str,
+                 ) -> dict[int, list[Record]]:
+    """One source's records of many users: one query where the source can (else one per
+    user)."""
+    source = get_source(source_key)
+    if source.extract_many is not None:
+        return source.extract_many(session, user_ids)
+    return {uid: found for uid in user_ids if (found := source.extract(session, uid))}

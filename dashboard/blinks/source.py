@@ -6,21 +6,24 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
-from dashboard.sources import BLINKS, Record, Source, Watch
+from dashboard.sources import BLINKS, Record, Source, Watch, by_user
+
+
+def extract_many_blinks(session: Session, user_ids: list[int]) -> dict[int, list[Record]]:
+    rows = session.execute(
+        select(Blink.user_id, Blink.id, Blink.title, Blink.content)
+        .where(Blink.user_id.in_(user_ids), Blink.excluded_from_memory.is_(False))
+        .order_by(Blink.user_id, Blink.id)
+    )
+    return by_user(rows, lambda r: Record(BLINKS, str(r.id),
+                                          f"{r.title}\n{r.content}" if r.title else r.content))
 
 
 def extract_blinks(session: Session, user_id: int) -> list[Record]:
-    rows = session.execute(
-        select(Blink.id, Blink.title, Blink.content)
-        .where(Blink.user_id == user_id, Blink.excluded_from_memory.is_(False))
-        .order_by(Blink.id)
-    ).all()
-    return [
-        Record(BLINKS, str(id_), f"{title}\n{content}" if title else content)
-        for id_, title, content in rows
-    ]
+    return extract_many_blinks(session, [user_id]).get(user_id, [])
 
 
 BLINKS_SOURCE = Source(
     BLINKS, "Your Blinks", True, "each Blink not excluded from memory", extract_blinks,
-    (Watch(Blink, "user_id", frozenset({"title", "content", "excluded_from_memory"})),))
+    (Watch(Blink, "user_id", frozenset({"title", "content", "excluded_from_memory"})),),
+    extract_many=extract_many_blinks)

@@ -6,19 +6,23 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.documents.models import Document
-from dashboard.sources import DOCUMENTS, Record, Source, Watch
+from dashboard.sources import DOCUMENTS, Record, Source, Watch, by_user
+
+
+def extract_many_documents(session: Session, user_ids: list[int]) -> dict[int, list[Record]]:
+    rows = session.execute(
+        select(Document.user_id, Document.id, Document.title, Document.content)
+        .where(Document.user_id.in_(user_ids))
+        .order_by(Document.user_id, Document.id)
+    )
+    return by_user(rows, lambda r: Record(DOCUMENTS, str(r.id), f"{r.title}\n\n{r.content}"))
 
 
 def extract_documents(session: Session, user_id: int) -> list[Record]:
-    rows = session.execute(
-        select(Document.id, Document.title, Document.content)
-        .where(Document.user_id == user_id)
-        .order_by(Document.id)
-    ).all()
-    return [Record(DOCUMENTS, str(id_), f"{title}\n\n{content}") for id_, title, content
-            in rows]
+    return extract_many_documents(session, [user_id]).get(user_id, [])
 
 
 DOCUMENTS_SOURCE = Source(
     DOCUMENTS, "Uploaded documents", False, "each document's text", extract_documents,
-    (Watch(Document, "user_id", frozenset({"title", "content"})),))
+    (Watch(Document, "user_id", frozenset({"title", "content"})),),
+    extract_many=extract_many_documents)

@@ -6,18 +6,23 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.memories.models import Memory
-from dashboard.sources import SAVED, Record, Source, Watch
+from dashboard.sources import SAVED, Record, Source, Watch, by_user
+
+
+def extract_many_saved(session: Session, user_ids: list[int]) -> dict[int, list[Record]]:
+    rows = session.execute(
+        select(Memory.owner_id, Memory.id, Memory.content)
+        .where(Memory.owner_id.in_(user_ids), Memory.status == "active")
+        .order_by(Memory.owner_id, Memory.created_at, Memory.id)
+    )
+    return by_user(rows, lambda r: Record(SAVED, str(r.id), r.content))
 
 
 def extract_saved_memories(session: Session, user_id: int) -> list[Record]:
-    rows = session.execute(
-        select(Memory.id, Memory.content)
-        .where(Memory.owner_id == user_id, Memory.status == "active")
-        .order_by(Memory.created_at, Memory.id)
-    ).all()
-    return [Record(SAVED, str(id_), content) for id_, content in rows]
+    return extract_many_saved(session, [user_id]).get(user_id, [])
 
 
 SAVED_SOURCE = Source(
     SAVED, "Saved memories", True, "each memory saved through /v1/memories with status active",
-    extract_saved_memories, (Watch(Memory, "owner_id", frozenset({"content", "status"})),))
+    extract_saved_memories, (Watch(Memory, "owner_id", frozenset({"content", "status"})),),
+    extract_many=extract_many_saved)

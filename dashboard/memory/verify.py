@@ -24,7 +24,7 @@ from dashboard.memory.pipeline import fresh_chunks
 from dashboard.memory.requests import request_builds
 from dashboard.plans.models import Plan
 from dashboard.plans.services import FALLBACK_PLAN, UserPlan, resolve_sources
-from dashboard.sources import extract
+from dashboard.sources import extract_many
 
 BATCH_SIZE = 500
 VERIFY_ACTION = "memory.verify"
@@ -77,31 +77,20 @@ def _last_counts(session: Session, user_ids: list[int]) -> dict[int, dict[str, i
         .order_by(MemoryBuild.user_id, MemoryBuild.finished_at.desc().nulls_last(),
                   MemoryBuild.id.desc())
     ).all()
+    # A build recorded without its counts (an older release's) leaves them unknown.
     return {user_id: {key: int(c.get("added", 0)) + int(c.get("kept", 0))
-                      for key, c in (counts or {}).items()}
-            for user_id, counts in rows}
+                      for key, c in counts.items()}
+            for user_id, counts in rows if isinstance(counts, dict)}
 
 
-def _judge(session: Session, user_id: int, plan: UserPlan, stored: dict[str, list[int]],
-           last: dict[str, int] | None, ann_threshold: int) -> list[Violation]:
-    """``stored``: per source, [rows, ann rows]."""
-    found: list[Violation] = []
-    included = set(resolve_sources(plan).included_keys)
-    for key, (rows, _) in sorted(stored.items()):
-        if key not in included:
-            found.append(Violation(user_id, "source_not_included", key, rows))
-    checked = sorted(key for key in stored if key in included)
-    if checked:
-        allowed = fresh_chunks(extract(session, user_id, tuple(checked)))
-        extra: dict[str, int] = defaultdict(int)
-        for row in session.execute(
-                select(MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index,
-                       MemoryChunk.content_hash)
-                .where(MemoryChunk.user_id == user_id,
-                       MemoryChunk.source_key.in_(checked))):
-            if tuple(row) not in allowed:
-                extra[row.source_key] += 1
-        found += [Violation(user_id, "not_allowed", key, n) for key, n in sorted(extra.items())]
+def _judge(user_id: int, included: set[str], stored: dict[str, list[int]],
+           extra: dict[str, int], last: dict[str, int] | None,
+           ann_threshold: int) -> list[Violation]:
+    """``stored``: per source, [rows, ann rows]; ``extra``: per included source, the
+    stored chunks no current record allows."""
+    found = [Violation(user_id, "source_not_included", key, rows)
+             for key, (rows, _) in sorted(stored.items()) if key not in included]
+    found += [Violation(user_id, "not_allowed", key, n) for key, n in sorted(extra.items())]
     if last is not None:
         for key in sorted(set(stored) | set(last)):
             have, had = stored.get(key, [0, 0])[0], last.get(key, 0)
@@ -113,6 +102,29 @@ def _judge(session: Session, user_id: int, plan: UserPlan, stored: dict[str, lis
     if ann_rows != expected:
         found.append(Violation(user_id, "ann_flag", None, abs(ann_rows - expected)))
     return found
+
+
+def _not_allowed(session: Session, checked: dict[str, list[int]],
+                 ) -> dict[int, dict[str, int]]:
+    """Per user and source, the stored chunks no current record allows: each source's
+    records of all its users in one query, their chunk keys against the stored keys."""
+    allowed: dict[int, set[tuple]] = defaultdict(set)
+    for key, user_ids in checked.items():
+        for user_id, records in extract_many(session, user_ids, key).items():
+            allowed[user_id].update(fresh_chunks(records))
+    wanted = {(user_id, key) for key, ids in checked.items() for user_id in ids}
+    extra: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    users = sorted({user_id for _, ids in checked.items() for user_id in ids})
+    if not users:
+        return {}
+    for row in session.execute(
+            select(MemoryChunk.user_id, MemoryChunk.source_key, MemoryChunk.source_id,
+                   MemoryChunk.chunk_index, MemoryChunk.content_hash)
+            .where(MemoryChunk.user_id.in_(users))):
+        if (row.user_id, row.source_key) in wanted and \
+                tuple(row)[1:] not in allowed[row.user_id]:
+            extra[row.user_id][row.source_key] += 1
+    return extra
 
 
 def verify_memory(session: Session, *, ann_threshold: int,
@@ -144,16 +156,22 @@ def verify_memory(session: Session, *, ann_threshold: int,
                 .group_by(MemoryChunk.user_id, MemoryChunk.source_key)):
             stored[user_id][key] = [rows, ann]
         last = _last_counts(session, ids)
-        for user in users:
-            if user.id in pending:
-                report.users_pending += 1
-                continue
+        judged = [u for u in users if u.id not in pending]
+        report.users_pending += len(users) - len(judged)
+        included = {u.id: set(resolve_sources(plans.get(u.plan_id, default))
+                              .included_keys) for u in judged}
+        checked: dict[str, list[int]] = defaultdict(list)
+        for u in judged:
+            for key in stored.get(u.id, {}):
+                if key in included[u.id]:
+                    checked[key].append(u.id)
+        extra = _not_allowed(session, checked)
+        for u in judged:
+            mine = stored.get(u.id, {})
             report.users_checked += 1
-            mine = stored.get(user.id, {})
             report.chunks_checked += sum(rows for rows, _ in mine.values())
-            plan = plans.get(user.plan_id, default) if user.plan_id is not None else default
-            report.violations += _judge(session, user.id, plan, mine, last.get(user.id),
-                                        ann_threshold)
+            report.violations += _judge(u.id, included[u.id], mine, extra.get(u.id, {}),
+                                        last.get(u.id), ann_threshold)
     _record(session, report, repair=repair, actor=actor)
     return report
 

@@ -16,16 +16,18 @@ from dashboard.sources import CHAT_HISTORY, PROFILE, Parts, Record, Source, Watc
 DREW_ON_MEMORY = "(answered from your memory)"
 
 
+def extract_many_profiles(session: Session, user_ids: list[int]) -> dict[int, list[Record]]:
+    facts: dict[int, list[str]] = {}
+    for user_id, key, value in session.execute(
+            select(ProfileFact.user_id, ProfileFact.key, ProfileFact.value)
+            .where(ProfileFact.user_id.in_(user_ids))
+            .order_by(ProfileFact.user_id, ProfileFact.key)):
+        facts.setdefault(user_id, []).append(f"{key}: {value}")
+    return {uid: [Record(PROFILE, "profile", "\n".join(lines))] for uid, lines in facts.items()}
+
+
 def extract_profile(session: Session, user_id: int) -> list[Record]:
-    facts = session.execute(
-        select(ProfileFact.key, ProfileFact.value)
-        .where(ProfileFact.user_id == user_id)
-        .order_by(ProfileFact.key)
-    ).all()
-    if not facts:
-        return []
-    text = "\n".join(f"{key}: {value}" for key, value in facts)
-    return [Record(PROFILE, "profile", text)]
+    return extract_many_profiles(session, [user_id]).get(user_id, [])
 
 
 def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
@@ -35,6 +37,11 @@ def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
 
 def extract_chat_pairs(session: Session, user_id: int,
                        conversation_ids: Any = None) -> list[Record]:
+    return extract_many_chat_pairs(session, [user_id], conversation_ids).get(user_id, [])
+
+
+def extract_many_chat_pairs(session: Session, user_ids: list[int],
+                            conversation_ids: Any = None) -> dict[int, list[Record]]:
     """The chat-history records of the user's conversations, or of some of them (ids, or a
     query of ids: the dry run re-reads only conversations changed since the last build).
 
@@ -46,17 +53,18 @@ def extract_chat_pairs(session: Session, user_id: int,
     # remembered by the question alone, so forgetting an item leaves no copy here.
     drew_on = exists().where(ReplyRecall.message_id == Message.id)
     query = (
-        select(Message.id, Message.conversation_id, Message.role,
+        select(Message.user_id, Message.id, Message.conversation_id, Message.role,
                case((drew_on, DREW_ON_MEMORY), else_=Message.content),
                Message.not_remembered, Message.reply_to_id)
-        .where(Message.user_id == user_id)
+        .where(Message.user_id.in_(user_ids))
         .order_by(Message.conversation_id, Message.position)
     )
     if conversation_ids is not None:
         query = query.where(Message.conversation_id.in_(conversation_ids))
     rows = session.execute(query).all()
 
-    records: list[Record] = []
+    records: dict[int, list[Record]] = {}
+    owner: int | None = None
     conversation_id: int | None = None
     turns: list[tuple[int, str, bool]] = []  # (message id, content, not_remembered)
     replies: dict[int, str] = {}
@@ -66,18 +74,19 @@ def extract_chat_pairs(session: Session, user_id: int,
             answer = replies.get(message_id)
             if flagged or answer is None:
                 continue
-            records.append(Record(
+            records.setdefault(owner, []).append(Record(
                 CHAT_HISTORY,
                 f"{conversation_id}:{pair_index}",
                 f"User: {question}\nOrbitPilot: {answer}",
             ))
 
     previous_user_turn: int | None = None
-    for id_, conv_id, role, content, flagged, reply_to in rows:
+    for user_id, id_, conv_id, role, content, flagged, reply_to in rows:
         if conv_id != conversation_id:
             if conversation_id is not None:
                 flush()
             conversation_id, turns, replies, previous_user_turn = conv_id, [], {}, None
+            owner = user_id  # a conversation has one owner
         if role == "user":
             turns.append((id_, content, bool(flagged)))
             previous_user_turn = id_
@@ -100,7 +109,8 @@ def count_not_remembered(session: Session, user_id: int) -> int:
 
 PROFILE_SOURCE = Source(
     PROFILE, "Your profile", True, "the user's profile facts (one record)", extract_profile,
-    (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),))
+    (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),),
+    extract_many=extract_many_profiles)
 
 CHAT_HISTORY_SOURCE = Source(
     CHAT_HISTORY, "Chat history", True,
@@ -112,4 +122,5 @@ CHAT_HISTORY_SOURCE = Source(
            on_insert=False),
      Watch(Conversation, "user_id", on_insert=False, stamp=None)),
     parts=Parts(Conversation, "user_id", "changed_xid", extract_chat_pairs),
-    not_remembered=count_not_remembered)
+    not_remembered=count_not_remembered,
+    extract_many=lambda session, user_ids: extract_many_chat_pairs(session, user_ids))

@@ -124,7 +124,7 @@ def recalled_ids(api: Api, query: str) -> list[str | None]:
 MEMORY_FIELDS = {"id", "content", "metadata", "source", "client_name", "status", "version",
                  "created_at", "updated_at", "deleted_at", "redacted_at"}
 RECEIPT_FIELDS = {"marker_id", "memory_id", "mode", "from_status", "to_status", "version",
-                  "reason", "removed", "audit_event", "created_at", "vacuum"}
+                  "reason", "removed", "audit_event", "created_at", "vacuum", "probe"}
 
 
 # -- saving ----------------------------------------------------------------------------------
@@ -396,6 +396,7 @@ def test_delete_soft_deletes_by_default_and_answers_the_receipt(api):
             receipt["memory_id"]) == ("soft_delete", "active", "deleted", "asked by user",
                                       memory["id"])
     assert set(receipt["audit_event"]) == {"id", "hash"} and receipt["audit_event"]["hash"]
+    assert receipt["probe"]["rows"] == 0 and receipt["probe"]["at"]
     assert api.get(f"/v1/memories/{memory['id']}").get_json()["status"] == "deleted"
 
 

@@ -191,3 +191,25 @@ def test_the_staff_and_support_homes_show_the_last_run(client, auth, db_session,
         assert 'data-truth-check="found"' in page, path
         assert "Truth check: 1 finding for 1 user" in page
         assert "flt0_action_equals=memory.verify" in page
+
+
+def test_the_check_costs_the_same_queries_for_5_users_or_50(db_session, count_queries):
+    def world(n: int) -> list[int]:
+        ids = []
+        for i in range(n):
+            user = make_user(db_session, plan=make_plan(db_session, cap=4) if i % 2 else None)
+            make_blink(db_session, user, f"blink {i}")
+            make_memory(db_session, user, f"memory {i}")
+            make_conversation(db_session, user, [(f"q{i}", f"a{i}")])
+            built(db_session, user)
+            ids.append(user.id)
+        return ids
+
+    few, many = world(5), world(50)
+    with count_queries() as small:
+        assert verify_memory(db_session, ann_threshold=THRESHOLD, user_ids=few).users_checked \
+            == 5
+    with count_queries() as large:
+        report = verify_memory(db_session, ann_threshold=THRESHOLD, user_ids=many)
+    assert (report.users_checked, report.violations) == (50, [])
+    assert large.count == small.count, (small.count, large.count)
