@@ -24,7 +24,7 @@ APP_FACTORY = "dashboard.app"
 EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "api", "openapi", "web", "forms",
               "decorators", "oauth", "mcp", "mcp_http", "cli"}
 EDGE_MODULES = {"dashboard", "dashboard.app", "dashboard.cli", "dashboard.errors",
-                "dashboard.extensions", "dashboard.forms", "dashboard.queues",
+                "dashboard.extensions", "dashboard.forms", "dashboard.metrics", "dashboard.queues",
                 "dashboard.security", "dashboard.staff", "dashboard.supervisor",
                 "dashboard.views"}
 EDGE_PACKAGES = ("dashboard.admin",)
