@@ -31,8 +31,11 @@ if [ "$have_digest" != "$digest" ] || [ "$union" != "$have_extras" ]; then
   echo "==> installing orbitpilot-dashboard${union:+[$union]}"
   # setuptools boxes a warning about every editable install ("folders in your working
   # directory with the same name as your package"): that is this checkout, on purpose.
+  # --no-compile: Python compiles what it imports on first use; compiling every file of
+  # every package up front (torch's thousands) costs the first install half a minute.
   PYTHONWARNINGS="ignore:Editable installation" \
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${union:+[$union]}"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile \
+    -e ".${union:+[$union]}"
   echo "$digest $union" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
