@@ -31,12 +31,13 @@ if [ "$have_digest" != "$digest" ] || [ "$union" != "$have_extras" ]; then
   echo "==> installing orbitpilot-dashboard${union:+[$union]}"
   # setuptools boxes a warning about every editable install ("folders in your working
   # directory with the same name as your package"): that is this checkout, on purpose.
-  # --no-compile: Python compiles what it imports on first use; compiling every file of
-  # every package up front (torch's thousands) costs the first install half a minute.
   PYTHONWARNINGS="ignore:Editable installation" \
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile \
-    -e ".${union:+[$union]}"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${union:+[$union]}"
   echo "$digest $union" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
+# Where PYTHONDONTWRITEBYTECODE is set, no process caches what it compiles: every run, web
+# worker and work horse would compile this checkout's code again. Compile it once here
+# (the __pycache__ folders are git-ignored).
+"$VENV/bin/python" -m compileall -q -j 0 dashboard jobs >/dev/null || true
 export FLASK_APP=wsgi.py

@@ -96,11 +96,15 @@ class BuildQueue:
         if not jobs:
             return []
         try:
-            redis = self.redis
+            redis, ours = self.redis, self.settings.queue_name
             lost = []
             for job_id, job in jobs.items():
-                status = Job.fetch(job_id, connection=redis).get_status() \
-                    if Job.exists(job_id, connection=redis) else None
+                status = None
+                if Job.exists(job_id, connection=redis):
+                    found = Job.fetch(job_id, connection=redis)
+                    # Only a job of this queue counts: another queue on the same Redis
+                    # (a test run's, a second deployment's) may reuse the id.
+                    status = found.get_status() if found.origin == ours else None
                 if status not in _LIVE_JOB_STATES:
                     lost.append(job)
             return lost

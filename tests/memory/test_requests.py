@@ -210,6 +210,29 @@ def test_sweeper_fails_silent_running_builds_and_pushes_lost_queued_ones(app, db
     assert again.requeued == 0
 
 
+def test_a_live_job_of_another_queue_with_the_same_id_does_not_hide_a_lost_one(
+        app, db_session, queue):
+    """Another test run (or deployment) on the same Redis reuses build ids: its live
+    job ``build-N`` is not this queue's, so this queue's lost request is still pushed."""
+    from rq import Queue
+
+    user = make_user(db_session)
+    waiting = MemoryBuild(user_id=user.id, mode="quick", trigger="user", status="queued")
+    db_session.add(waiting)
+    db_session.flush()
+    db_session.execute(update(MemoryBuild).where(MemoryBuild.id == waiting.id).values(
+        created_at=func.now() - timedelta(minutes=5)))
+    other = Queue(f"{queue.name}-another-run", connection=redis_client())
+    other.enqueue("jobs.builds.run_build", waiting.id, job_id=build_job_id(waiting.id))
+    try:
+        result = sweep_builds(db_session, build_queue(app), stale_after=60, requeue_after=30)
+        assert result.requeued == 1
+        assert Job.fetch(build_job_id(waiting.id), connection=redis_client()).origin == \
+            queue.name
+    finally:
+        other.delete(delete_jobs=True)
+
+
 def test_redis_down_loses_no_request(app, committed):
     """The request commits although Redis is unreachable; the sweeper pushes it later."""
     from dashboard import create_app
