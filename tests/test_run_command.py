@@ -212,8 +212,7 @@ def runs(tmp_path):
         run.kill_everything()
 
 
-def test_a_run_killed_in_its_first_seconds_or_while_its_worker_sets_up_never_spoils_the_next(
-        runs, tmp_path):
+def test_a_run_killed_early_never_spoils_the_next_and_ctrl_c_ends_that_one(runs, tmp_path):
     for delay in (0.5, 1.0, 2.5):
         run = runs("clone")
         time.sleep(delay)
@@ -231,15 +230,21 @@ def test_a_run_killed_in_its_first_seconds_or_while_its_worker_sets_up_never_spo
     run.proc.wait(timeout=10)
     assert wait_until(lambda: run.left_behind() == [], timeout=30), \
         [p.cmdline() for p in run.left_behind()]
+    # The next run serves; Ctrl+C right after it serves ends all of it within 15 s.
     run = runs("clone")
     run.wait_serving()
-    run.signal_group(signal.SIGINT)
+    assert "Demo accounts" in run.output()
+    assert run.left_behind(), "the embedded servers should be up while it serves"
+    sent = time.monotonic()
+    run.signal_group(signal.SIGINT)  # what the terminal does on Ctrl+C
     run.proc.wait(timeout=15)
-    assert wait_until(lambda: run.left_behind() == [], timeout=15)
+    assert time.monotonic() - sent < 15
+    assert run.left_behind() == []  # no PostgreSQL, no Valkey
+    assert not listening_on(run.port)  # no web server
+    assert "==> stopped" in run.output()
 
 
-def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down_and_ctrl_c_ends_the_next(
-        runs):
+def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down(runs):
     run = runs()
     run.wait_serving()
     os.kill(run.proc.pid, signal.SIGKILL)  # only the supervising process
@@ -248,18 +253,6 @@ def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down_and_ctrl
     assert wait_until(lambda: not listening_on(run.port), timeout=20)
     assert wait_until(lambda: run.left_behind() == [], timeout=30), \
         [p.cmdline() for p in run.left_behind()]
-    # The next run serves; Ctrl+C right after it serves ends all of it within 15 s.
-    again = runs()
-    again.wait_serving()
-    assert "Demo accounts" in again.output()
-    assert again.left_behind(), "the embedded servers should be up while it serves"
-    sent = time.monotonic()
-    again.signal_group(signal.SIGINT)  # what the terminal does on Ctrl+C
-    again.proc.wait(timeout=15)
-    assert time.monotonic() - sent < 15
-    assert again.left_behind() == []  # no PostgreSQL, no Valkey
-    assert not listening_on(again.port)  # no web server
-    assert "==> stopped" in again.output()
 
 
 def test_a_worker_killed_during_a_build_is_started_again_and_the_build_asked_again(
