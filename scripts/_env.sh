@@ -32,7 +32,15 @@ if [ "$have_digest" != "$digest" ] || [ "$union" != "$have_extras" ]; then
   # setuptools boxes a warning about every editable install ("folders in your working
   # directory with the same name as your package"): that is this checkout, on purpose.
   PYTHONWARNINGS="ignore:Editable installation" \
-    "$VENV/bin/pip" install --quiet --disable-pip-version-check -e ".${union:+[$union]}"
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile \
+    -e ".${union:+[$union]}"
+  # Compiled here, on every core (pip compiles one file at a time: half a minute for
+  # torch's thousands); where PYTHONDONTWRITEBYTECODE is set nothing is compiled later.
+  # A package's file that is not Python 3 fails to compile and is left as it is.
+  for packages in "$VENV"/lib/python3*/site-packages; do
+    [ -d "$packages" ] && { "$VENV/bin/python" -m compileall -qq -j 0 "$packages" \
+      >/dev/null 2>&1 || true; }
+  done
   echo "$digest $union" > "$stamp"
 fi
 export PATH="$VENV/bin:$PATH"
