@@ -22,8 +22,7 @@ class Record:
     text: str
 
 
-Extractor = Callable[[Session, int], list[Record]]
-# The same for many users in one query: each user's records (a user with none: absent).
+# The records of many users in one query: each user's (a user with none: absent).
 ManyExtractor = Callable[[Session, list[int]], dict[int, list[Record]]]
 
 
@@ -73,13 +72,15 @@ class Source:
     label: str
     default_visible: bool
     records: str  # what one record is, in words (staff pages)
-    extract: Extractor
+    extract_many: ManyExtractor  # a batch of users at once (the truth check)
     watches: tuple[Watch, ...]
     parts: Parts | None = None
     # How many of a user's items the user marked "do not remember" (the status page).
     not_remembered: Callable[[Session, int], int] | None = None
-    # ``extract`` for a batch of users in one query (the truth check).
-    extract_many: ManyExtractor | None = None
+
+    def extract(self, session: Session, user_id: int) -> list[Record]:
+        """One user's records (a build): the batch query with one id."""
+        return self.extract_many(session, [user_id]).get(user_id, [])
 
     def changed_since(self, user_id: ColumnElement[int],
                       since: ColumnElement[datetime]) -> ColumnElement[bool]:
@@ -139,9 +140,5 @@ def extract(session: Session, user_id: int, source_keys: tuple[str, ...]) -> lis
 
 def extract_many(session: Session, user_ids: list[int], source_key: str,
                  ) -> dict[int, list[Record]]:
-    """One source's records of many users: one query where the source can (else one per
-    user)."""
-    source = get_source(source_key)
-    if source.extract_many is not None:
-        return source.extract_many(session, user_ids)
-    return {uid: found for uid in user_ids if (found := source.extract(session, uid))}
+    """One source's records of many users, in one query."""
+    return get_source(source_key).extract_many(session, user_ids)

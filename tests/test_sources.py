@@ -4,12 +4,10 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from dashboard.blinks.models import Blink
-from dashboard.blinks.source import extract_blinks
 from dashboard.memories.models import Memory
-from dashboard.memories.source import extract_saved_memories
 from dashboard.orbitpilot.models import Message, ProfileFact
-from dashboard.orbitpilot.source import _extract_chat_history, extract_profile
-from dashboard.sources import extract
+from dashboard.orbitpilot.source import _extract_chat_history
+from dashboard.sources import BLINKS, PROFILE, SAVED, extract, get_source
 from tests.factories import make_conversation, make_user, user_turns
 
 
@@ -100,9 +98,12 @@ def test_forgotten_things_are_never_extracted(db_session):
         Memory(owner_id=user.id, content="[REDACTED]", status="redacted"),
     ])
     db_session.flush()
-    assert [r.text for r in extract_profile(db_session, user.id)] == ["city: Lyon\nname: Ada"]
-    assert [r.text for r in extract_blinks(db_session, user.id)] == ["kept\nvisible blink"]
-    assert [r.text for r in extract_saved_memories(db_session, user.id)] == ["active memory"]
+    def texts(key: str) -> list[str]:
+        return [r.text for r in get_source(key).extract(db_session, user.id)]
+
+    assert texts(PROFILE) == ["city: Lyon\nname: Ada"]
+    assert texts(BLINKS) == ["kept\nvisible blink"]
+    assert texts(SAVED) == ["active memory"]
 
 
 def test_only_the_named_sources_are_extracted(db_session):

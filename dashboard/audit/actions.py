@@ -1,6 +1,6 @@
 """Every action and mode the audit log records, with the words the staff console shows
-for them: the log's filters offer exactly these, and ``record_event`` refuses any other
-(a new audited action is added here first)."""
+for them: the log's filters offer these, and a test holds them equal to the code's
+``record_event`` calls (a new audited action is added here too)."""
 
 from __future__ import annotations
 

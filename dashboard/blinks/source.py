@@ -19,11 +19,6 @@ def extract_many_blinks(session: Session, user_ids: list[int]) -> dict[int, list
                                           f"{r.title}\n{r.content}" if r.title else r.content))
 
 
-def extract_blinks(session: Session, user_id: int) -> list[Record]:
-    return extract_many_blinks(session, [user_id]).get(user_id, [])
-
-
 BLINKS_SOURCE = Source(
-    BLINKS, "Your Blinks", True, "each Blink not excluded from memory", extract_blinks,
-    (Watch(Blink, "user_id", frozenset({"title", "content", "excluded_from_memory"})),),
-    extract_many=extract_many_blinks)
+    BLINKS, "Your Blinks", True, "each Blink not excluded from memory", extract_many_blinks,
+    (Watch(Blink, "user_id", frozenset({"title", "content", "excluded_from_memory"})),))

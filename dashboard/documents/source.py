@@ -18,11 +18,6 @@ def extract_many_documents(session: Session, user_ids: list[int]) -> dict[int, l
     return by_user(rows, lambda r: Record(DOCUMENTS, str(r.id), f"{r.title}\n\n{r.content}"))
 
 
-def extract_documents(session: Session, user_id: int) -> list[Record]:
-    return extract_many_documents(session, [user_id]).get(user_id, [])
-
-
 DOCUMENTS_SOURCE = Source(
-    DOCUMENTS, "Uploaded documents", False, "each document's text", extract_documents,
-    (Watch(Document, "user_id", frozenset({"title", "content"})),),
-    extract_many=extract_many_documents)
+    DOCUMENTS, "Uploaded documents", False, "each document's text", extract_many_documents,
+    (Watch(Document, "user_id", frozenset({"title", "content"})),))

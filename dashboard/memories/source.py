@@ -18,11 +18,6 @@ def extract_many_saved(session: Session, user_ids: list[int]) -> dict[int, list[
     return by_user(rows, lambda r: Record(SAVED, str(r.id), r.content))
 
 
-def extract_saved_memories(session: Session, user_id: int) -> list[Record]:
-    return extract_many_saved(session, [user_id]).get(user_id, [])
-
-
 SAVED_SOURCE = Source(
     SAVED, "Saved memories", True, "each memory saved through /v1/memories with status active",
-    extract_saved_memories, (Watch(Memory, "owner_id", frozenset({"content", "status"})),),
-    extract_many=extract_many_saved)
+    extract_many_saved, (Watch(Memory, "owner_id", frozenset({"content", "status"})),))

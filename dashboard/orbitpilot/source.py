@@ -26,10 +26,6 @@ def extract_many_profiles(session: Session, user_ids: list[int]) -> dict[int, li
     return {uid: [Record(PROFILE, "profile", "\n".join(lines))] for uid, lines in facts.items()}
 
 
-def extract_profile(session: Session, user_id: int) -> list[Record]:
-    return extract_many_profiles(session, [user_id]).get(user_id, [])
-
-
 def _extract_chat_history(session: Session, user_id: int) -> list[Record]:
     """Each answered (user message, reply) pair, ``source_id = "<conversation>:<pair>"``."""
     return extract_chat_pairs(session, user_id)
@@ -108,19 +104,17 @@ def count_not_remembered(session: Session, user_id: int) -> int:
 
 
 PROFILE_SOURCE = Source(
-    PROFILE, "Your profile", True, "the user's profile facts (one record)", extract_profile,
-    (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),),
-    extract_many=extract_many_profiles)
+    PROFILE, "Your profile", True, "the user's profile facts (one record)",
+    extract_many_profiles, (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),))
 
 CHAT_HISTORY_SOURCE = Source(
     CHAT_HISTORY, "Chat history", True,
     "each answered (user message, assistant reply) pair not marked not-remembered",
-    _extract_chat_history,
+    extract_many_chat_pairs,
     # A new turn alone requests nothing: the conversation's end (or idleness) does.
     # Edits, flags and deletions request a build at once.
     (Watch(Message, "user_id", frozenset({"content", "not_remembered", "reply_to_id"}),
            on_insert=False),
      Watch(Conversation, "user_id", on_insert=False, stamp=None)),
     parts=Parts(Conversation, "user_id", "changed_xid", extract_chat_pairs),
-    not_remembered=count_not_remembered,
-    extract_many=lambda session, user_ids: extract_many_chat_pairs(session, user_ids))
+    not_remembered=count_not_remembered)
