@@ -137,8 +137,3 @@ def extract(session: Session, user_id: int, source_keys: tuple[str, ...]) -> lis
         records.extend(get_source(key).extract(session, user_id))
     return records
 
-
-def extract_many(session: Session, user_ids: list[int], source_key: str,
-                 ) -> dict[int, list[Record]]:
-    """One source's records of many users, in one query."""
-    return get_source(source_key).extract_many(session, user_ids)

@@ -15,16 +15,15 @@ from datetime import UTC, datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import distinct_on
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session
 
 from dashboard.audit.services import SYSTEM, Actor, record_event
 from dashboard.auth.models import User
 from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryVerification
 from dashboard.memory.pipeline import fresh_chunks
 from dashboard.memory.requests import request_builds
-from dashboard.plans.models import Plan
-from dashboard.plans.services import FALLBACK_PLAN, UserPlan, resolve_sources
-from dashboard.sources import extract_many
+from dashboard.plans.services import every_plan, resolve_sources
+from dashboard.sources import get_source
 
 BATCH_SIZE = 500
 VERIFY_ACTION = "memory.verify"
@@ -59,13 +58,6 @@ class VerifyReport:
     @property
     def users_with_violations(self) -> int:
         return len({v.user_id for v in self.violations})
-
-
-def _plans(session: Session) -> tuple[dict[int, UserPlan], UserPlan]:
-    plans = {plan.id: UserPlan.from_plan(plan) for plan in session.scalars(
-        select(Plan).options(selectinload(Plan.assignments)))}
-    default = next((plan for plan in plans.values() if plan.is_default), FALLBACK_PLAN)
-    return plans, default
 
 
 def _last_counts(session: Session, user_ids: list[int]) -> dict[int, dict[str, int]]:
@@ -108,15 +100,15 @@ def _not_allowed(session: Session, checked: dict[str, list[int]],
                  ) -> dict[int, dict[str, int]]:
     """Per user and source, the stored chunks no current record allows: each source's
     records of all its users in one query, their chunk keys against the stored keys."""
+    wanted = {(user_id, key) for key, ids in checked.items() for user_id in ids}
+    if not wanted:
+        return {}
     allowed: dict[int, set[tuple]] = defaultdict(set)
     for key, user_ids in checked.items():
-        for user_id, records in extract_many(session, user_ids, key).items():
+        for user_id, records in get_source(key).extract_many(session, user_ids).items():
             allowed[user_id].update(fresh_chunks(records))
-    wanted = {(user_id, key) for key, ids in checked.items() for user_id in ids}
     extra: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    users = sorted({user_id for _, ids in checked.items() for user_id in ids})
-    if not users:
-        return {}
+    users = sorted({user_id for user_id, _ in wanted})
     for row in session.execute(
             select(MemoryChunk.user_id, MemoryChunk.source_key, MemoryChunk.source_id,
                    MemoryChunk.chunk_index, MemoryChunk.content_hash)
@@ -133,7 +125,7 @@ def verify_memory(session: Session, *, ann_threshold: int,
     """Check every user (or ``user_ids``), a batch at a time; audit each violating user
     and ask for a full rebuild of their memory. Flushes; the caller commits."""
     report = VerifyReport(started_at=datetime.now(UTC))
-    plans, default = _plans(session)
+    plans, default = every_plan(session)
     wanted = sorted(set(user_ids)) if user_ids is not None else None
     after = 0
     while True:

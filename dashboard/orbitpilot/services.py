@@ -158,12 +158,9 @@ class ShownMessage:
     covered: bool = False
 
     @classmethod
-    def of(cls, message: Message, drew_on: tuple[DrewOn, ...] = (), *,
-           question: Message | None = None) -> ShownMessage:
+    def of(cls, message: Message, drew_on: tuple[DrewOn, ...] = ()) -> ShownMessage:
         return cls(message.id, message.role, message.content, bool(message.not_remembered),
-                   message.conversation_id, drew_on,
-                   answers=question.id if question is not None else None,
-                   covered=bool(question is not None and question.not_remembered))
+                   message.conversation_id, drew_on)
 
     @property
     def label(self) -> str:
@@ -537,8 +534,9 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
     words = {hit.chunk_id: hit.content for hit in hits}
     drew_on = _drew_on(session, [(r.id, r.source_key, r.source_id, r.distance,
                                   words[r.chunk_id]) for r in recalls])
-    return Exchange(conversation.id, conversation.title, ShownMessage.of(question),
-                    ShownMessage.of(answer, drew_on, question=question), dict(reply.drew_on),
+    asked, answered = with_questions([ShownMessage.of(question),
+                                      ShownMessage.of(answer, drew_on)], {answer.id: question.id})
+    return Exchange(conversation.id, conversation.title, asked, answered, dict(reply.drew_on),
                     new_conversation=pending.new)
 
 

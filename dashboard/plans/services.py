@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Integer, func, literal, or_, select
 from sqlalchemy import inspect as sa_inspect
-from sqlalchemy.orm import Session, joinedload
+from sqlalchemy.orm import Session, joinedload, selectinload
 
 from dashboard.auth.models import User
 from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
@@ -232,6 +232,16 @@ def get_plan_for_user(user: Any, session: Session) -> UserPlan | None:
     if plan is None and user.plan_id is not None:
         return get_default_plan(session)
     return UserPlan.from_plan(plan) if plan else FALLBACK_PLAN
+
+
+def every_plan(session: Session) -> tuple[dict[int, UserPlan], UserPlan]:
+    """Every plan by id, with its assignment rows read fresh (two queries), and the
+    default plan: for a job resolving many users at once."""
+    plans = {plan.id: UserPlan.from_plan(plan) for plan in session.scalars(
+        select(Plan).options(selectinload(Plan.assignments))
+        .execution_options(populate_existing=True))}
+    default = next((plan for plan in plans.values() if plan.is_default), FALLBACK_PLAN)
+    return plans, default
 
 
 def _user_key(user: Any) -> Any:
