@@ -17,6 +17,7 @@ import dashboard.catalog  # noqa: F401  (installs the sources, in rank order)
 import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
 from dashboard.admin.assignments import AssignmentView
 from dashboard.admin.home import StaffIndexView
+from dashboard.admin.retention import RetentionView
 from dashboard.admin.views import (
     ApiKeyView,
     BuildView,
@@ -53,6 +54,7 @@ from dashboard.orbitpilot.profile_pages import bp as profile_bp
 from dashboard.orbitpilot.views import bp as orbitpilot_bp
 from dashboard.plans.models import Plan
 from dashboard.queues import init_queue
+from dashboard.retention import web as retention_web
 from dashboard.security import csp_nonce, init_security
 from dashboard.sources import registered_sources
 from dashboard.staff import without_inline_handlers
@@ -186,6 +188,8 @@ def init_admin(app: Flask) -> Admin:
     admin.add_view(AuditEventView(AuditEvent, db, name="Audit log", endpoint="audit"))
     admin.add_view(ForgetMarkerView(ForgetMarker, db, name="Erasure markers",
                                     endpoint="markers"))
+    admin.add_view(RetentionView(name="Retention", endpoint="retention",
+                                 url="/admin/retention"))
     admin.add_view(SupportView(name="Support", endpoint="support", url="/support"))
     app.after_request(without_inline_handlers)
     return admin
@@ -195,3 +199,5 @@ def init_templates(app: Flask) -> None:
     @app.context_processor
     def inject_registry() -> dict[str, Any]:
         return {"SOURCE_REGISTRY": registered_sources()}
+
+    retention_web.init_app(app)

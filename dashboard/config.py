@@ -167,6 +167,14 @@ def build_settings() -> dict[str, Any]:
         "METRICS_TOKEN": _env("METRICS_TOKEN", None),
         # How often a worker runs the truth check over every user's memory (0: never).
         "MEMORY_VERIFY_SECONDS": _env("MEMORY_VERIFY_SECONDS", 86400, int),
+        # How often a worker applies retention: records aged out of a plan's windows
+        # leave memory, soft-deleted memories past the restore window are purged, and
+        # old build records and connector access rows are pruned (0: never).
+        "RETENTION_SECONDS": _env("RETENTION_SECONDS", 3600, int),
+        # Build records older than this are pruned, each user's latest succeeded build
+        # aside (0: kept for ever); connector access log rows likewise.
+        "BUILD_RECORD_DAYS": _env("BUILD_RECORD_DAYS", 180, int),
+        "ACCESS_LOG_DAYS": _env("ACCESS_LOG_DAYS", 180, int),
         # The schedule treats a change stamped up to this long before a build read its
         # inputs as possibly missed (a stamp is its writer's transaction start).
         "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),

@@ -11,6 +11,7 @@ from dashboard.connectors.models import (
     OAuthToken,
 )
 from dashboard.documents.models import Document
+from dashboard.holds.models import LegalHold
 from dashboard.leases import MaintenanceLease
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import MemoryBuild, MemoryChunk
@@ -19,7 +20,8 @@ from dashboard.plans.models import Plan, SourceAssignment
 
 __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "ConnectorAccess", "Conversation",
-    "Document", "ForgetMarker", "MaintenanceLease", "Memory", "MemoryBuild", "MemoryChunk",
-    "MemoryVersion", "Message", "OAuthClient", "OAuthCode", "OAuthGrant", "OAuthToken",
+    "Document", "ForgetMarker", "LegalHold", "MaintenanceLease", "Memory", "MemoryBuild",
+    "MemoryChunk", "MemoryVersion", "Message", "OAuthClient", "OAuthCode", "OAuthGrant",
+    "OAuthToken",
     "Plan", "ProfileFact", "ReplyRecall", "SourceAssignment", "User",
 ]

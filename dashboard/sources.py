@@ -20,6 +20,9 @@ class Record:
     source_key: str
     source_id: str
     text: str
+    # When the record was made (a pair: its question), for a plan's retention window;
+    # ``None``: it does not age (the profile).
+    at: datetime | None = None
 
 
 # The records of many users in one query: each user's (a user with none: absent).
@@ -77,6 +80,8 @@ class Source:
     parts: Parts | None = None
     # How many of a user's items the user marked "do not remember" (the status page).
     not_remembered: Callable[[Session, int], int] | None = None
+    # Its records carry their time (``Record.at``): a plan may keep only the last N days.
+    aged: bool = True
 
     def extract(self, session: Session, user_id: int) -> list[Record]:
         """One user's records (a build): the batch query with one id."""

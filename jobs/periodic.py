@@ -1,6 +1,6 @@
 """The periodic tasks a worker runs (each once per interval across all workers, by a
 lease): the sweeper, idle conversations, the schedule, a model change's rebuilds, the
-audit checkpoint and its anchor, the erasure VACUUM, the truth check. A failing task is
+audit checkpoint and its anchor, the erasure VACUUM, retention, the truth check. A failing task is
 logged by kind and does not stop the others. And the audit checkpoint once more when a
 worker stops."""
 
@@ -19,6 +19,7 @@ from dashboard.audit.services import anchor_head, checkpoint_chain
 from dashboard.leases import claim_lease
 from dashboard.memories.erasure import vacuum_after_erasures
 from dashboard.orbitpilot import services as chat
+from dashboard.retention import apply_retention
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
                      batch=config["MODEL_CHANGE_BATCH"])),
     PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS", _audit_checkpoint),
     PeriodicTask("erasure_vacuum", "ERASURE_VACUUM_SECONDS", _erasure_vacuum),
+    PeriodicTask("retention", "RETENTION_SECONDS",
+                 lambda session, queue, config: apply_retention(session, config=config)),
     PeriodicTask("memory_verify", "MEMORY_VERIFY_SECONDS",
                  lambda session, queue, config: memory.verify_memory(
                      session, ann_threshold=queue.settings.ann_min_chunks)),

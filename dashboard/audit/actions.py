@@ -11,6 +11,8 @@ ACTIONS: dict[str, str] = {
     "assignment.set": "Source assignment changed",
     "build.request": "Build requested for a user",
     "build.request_plan": "Builds requested for a plan",
+    "legal_hold.place": "Legal hold placed",
+    "legal_hold.release": "Legal hold released",
     "memory.create": "Memory saved",
     "memory.update": "Memory changed",
     "memory.soft_delete": "Memory forgotten (soft delete)",
@@ -29,7 +31,9 @@ ACTIONS: dict[str, str] = {
     "oauth.token_revoke": "App token revoked",
     "plan.cap": "Plan cap changed",
     "plan.create": "Plan created",
+    "plan.retention": "Plan retention changed",
     "plan.update": "Plan changed",
+    "retention.apply": "Retention applied",
     "user.create": "User created",
     "user.update": "User changed",
 }

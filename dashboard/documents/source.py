@@ -11,11 +11,13 @@ from dashboard.sources import DOCUMENTS, Record, Source, Watch, by_user
 
 def extract_many_documents(session: Session, user_ids: list[int]) -> dict[int, list[Record]]:
     rows = session.execute(
-        select(Document.user_id, Document.id, Document.title, Document.content)
+        select(Document.user_id, Document.id, Document.title, Document.content,
+               Document.created_at)
         .where(Document.user_id.in_(user_ids))
         .order_by(Document.user_id, Document.id)
     )
-    return by_user(rows, lambda r: Record(DOCUMENTS, str(r.id), f"{r.title}\n\n{r.content}"))
+    return by_user(rows, lambda r: Record(DOCUMENTS, str(r.id), f"{r.title}\n\n{r.content}",
+                                          r.created_at))
 
 
 DOCUMENTS_SOURCE = Source(

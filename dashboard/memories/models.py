@@ -93,6 +93,8 @@ class ForgetMarker(db.Model):
         Index("ix_forget_markers_memory_id", "memory_id"),
         Index("ix_forget_markers_vacuum_pending", "id",
               postgresql_where=text("vacuum_due AND vacuumed_at IS NULL")),
+        Index("ix_forget_markers_pending_hold", "owner_id",
+              postgresql_where=text("pending_hold AND completed_by_id IS NULL")),
     )
 
     id: Mapped[int] = mapped_column(primary_key=True)
@@ -118,6 +120,11 @@ class ForgetMarker(db.Model):
     # memory, in the forget's own transaction after the delete (NULL for a restore).
     probed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     probe_rows: Mapped[int | None] = mapped_column(Integer)
+    # A redact or hard delete asked for under a legal hold: the memory was only soft
+    # deleted (recall stops at once); the erasure runs when the hold ends, and its own
+    # receipt is ``completed_by_id``.
+    pending_hold: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    completed_by_id: Mapped[int | None] = mapped_column(BigInteger)
 
     owner: Mapped[User] = relationship(foreign_keys=[owner_id])
 

@@ -183,7 +183,10 @@ def forget(memory_id: str | None = None):
     except Refusal as exc:
         _refuse(exc)
     db.session.commit()
-    if mode == "redact":
+    if receipt.pending:
+        flash("Your account is under a legal hold: the memory is forgotten now (no longer "
+              "recalled), and the redaction completes when the hold ends.", "warning")
+    elif mode == "redact":
         flash("Memory redacted: its content was replaced and the content of its earlier "
               "versions erased. This cannot be undone.", "success")
     else:

@@ -240,6 +240,13 @@ class ReceiptOut(BaseModel):
     created_at: datetime
     vacuum: VacuumState
     probe: ProbeState
+    pending: Literal["legal_hold"] | None = Field(
+        description="\"legal_hold\": the owner is under a legal hold, so this redact or "
+                    "hard delete only soft-deleted the memory (no longer recalled) and "
+                    "completes when the hold ends.")
+    completed_by: int | None = Field(
+        description="For an erasure that waited for a legal hold: the marker id of the "
+                    "receipt of its completion.")
 
 
 class DeleteOut(BaseModel):

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor, record_event
+from dashboard.holds import is_held
 from dashboard.ids import INT4_MAX, parse_id
 from dashboard.memories.models import (
     MEMORY_SOURCES,
@@ -376,6 +377,10 @@ class Receipt:
     build: BuildRequest | None = field(default=None, compare=False)
     probed_at: datetime | None = None
     probe_rows: int | None = None
+    # "legal_hold": the erasure waits for a hold to end (only soft deleted until then);
+    # ``completed_by``: the receipt of the erasure once it ran.
+    pending: str | None = None
+    completed_by: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -394,6 +399,8 @@ class Receipt:
                        else None},
             "probe": {"at": self.probed_at.isoformat() if self.probed_at else None,
                       "rows": self.probe_rows},
+            "pending": self.pending,
+            "completed_by": self.completed_by,
         }
 
 
@@ -406,7 +413,9 @@ def receipt_of(session: Session, marker: ForgetMarker, *,
                    marker.to_status, marker.version, marker.removed_versions,
                    marker.removed_chunks, marker.audit_event_id, audit_hash,
                    marker.created_at, marker.vacuum_due, marker.vacuumed_at, marker.reason,
-                   probed_at=marker.probed_at, probe_rows=marker.probe_rows)
+                   probed_at=marker.probed_at, probe_rows=marker.probe_rows,
+                   pending="legal_hold" if marker.pending_hold and not marker.completed_by_id
+                   else None, completed_by=marker.completed_by_id)
 
 
 def find_receipt(session: Session, owner_id: int, marker_id: object) -> Receipt:
@@ -449,13 +458,14 @@ class _Gone:
 
 def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, actor: Actor,
           from_status: str, to_status: str | None, removed_versions: int = 0,
-          removed_chunks: int = 0) -> Receipt:
+          removed_chunks: int = 0, pending_hold: bool = False) -> Receipt:
     """The marker and its audit event; the receipt, with the event's hash as written."""
     marker = ForgetMarker(
         memory_id=memory.id, owner_id=memory.owner_id, mode=mode, reason=reason,
         actor_type=actor.kind, actor_id=str(actor.id), version=memory.version,
         from_status=from_status, to_status=to_status, removed_versions=removed_versions,
-        removed_chunks=removed_chunks, vacuum_due=mode in ("redact", "hard_delete"))
+        removed_chunks=removed_chunks, pending_hold=pending_hold,
+        vacuum_due=mode in ("redact", "hard_delete") and not pending_hold)
     if mode != "restore":
         # Proof, not belief: after the delete, an exact count (no index that could miss
         # a row) of the owner's chunks of this memory, in this same transaction.
@@ -469,7 +479,8 @@ def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, a
         target_type="memory", target_id=str(memory.id), mode=mode,
         details={"marker_id": marker.id, "before": {"status": from_status},
                  "after": {"status": to_status}, "version": memory.version,
-                 "removed": {"versions": removed_versions, "chunks": removed_chunks}})
+                 "removed": {"versions": removed_versions, "chunks": removed_chunks},
+                 **({"pending": "legal_hold"} if pending_hold else {})})
     marker.audit_event_id = event.id
     session.flush()
     return receipt_of(session, marker, audit_hash=event.hash)
@@ -500,6 +511,9 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
     wait_for_builds(session, owner_id)
     memory = find_memory(session, owner_id, memory_id, lock=True)
     from_status = memory.status
+    if mode != "soft_delete" and is_held(session, owner_id):
+        return _defer_for_hold(session, memory, mode=mode, reason=reason, actor=actor,
+                               replacement=replacement_content, metadata=metadata)
 
     if mode == "soft_delete":
         if memory.status != "active":
@@ -549,6 +563,44 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
     return receipt
 
 
+HELD_WITH_REPLACEMENT = (
+    "This account is under a legal hold: a redaction waits until the hold ends, and no "
+    "replacement text is kept for it meanwhile. Redact without replacement_content, or "
+    "delete the memory (recall stops at once either way).")
+HELD_ALREADY = "An erasure of this memory already waits for the legal hold to end."
+HELD_RESTORE = ("This memory's erasure waits for a legal hold to end; it cannot be restored "
+                "meanwhile.")
+
+
+def _waiting_for_hold(session: Session, memory: Memory) -> bool:
+    return session.scalar(select(ForgetMarker.id).where(
+        ForgetMarker.memory_id == memory.id, ForgetMarker.owner_id == memory.owner_id,
+        ForgetMarker.pending_hold, ForgetMarker.completed_by_id.is_(None)).limit(1)) is not None
+
+
+def _defer_for_hold(session: Session, memory: Memory, *, mode: str, reason: str,
+                    actor: Actor, replacement: str | None, metadata: Any) -> Receipt:
+    """A redact or hard delete under a legal hold: the memory is soft deleted now (its
+    chunks go, recall stops) and the erasure waits, as a pending receipt, for the hold's
+    end (``dashboard.retention.complete_released``)."""
+    if replacement is not None:
+        raise MemoryConflict(HELD_WITH_REPLACEMENT)
+    if _waiting_for_hold(session, memory):
+        raise MemoryConflict(HELD_ALREADY)
+    from_status, chunks = memory.status, 0
+    if memory.status == "active":
+        _snapshot(session, memory)
+        memory.status, memory.deleted_at = "deleted", datetime.now(UTC)
+        if metadata is not None:
+            memory.metadata_ = metadata
+        memory.version += 1
+        chunks = _forget_chunks(session, memory)
+    session.flush()
+    return _mark(session, memory, mode=mode, reason=reason, actor=actor,
+                 from_status=from_status, to_status=memory.status, removed_chunks=chunks,
+                 pending_hold=True)
+
+
 def restore_memory(session: Session, owner_id: int, memory_id: object, *, actor: Actor,
                    scopes: list[str] | None = None, reason: object = None,
                    metadata: object = None) -> Receipt:
@@ -562,6 +614,8 @@ def restore_memory(session: Session, owner_id: int, memory_id: object, *, actor:
         raise MemoryConflict("A redacted memory cannot be restored: its content is gone.")
     if memory.status != "deleted":
         raise MemoryConflict("Only a deleted memory can be restored; this one is active.")
+    if _waiting_for_hold(session, memory):
+        raise MemoryConflict(HELD_RESTORE)
     _snapshot(session, memory)
     memory.status, memory.deleted_at = "active", None
     if metadata is not None:

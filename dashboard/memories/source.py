@@ -11,11 +11,11 @@ from dashboard.sources import SAVED, Record, Source, Watch, by_user
 
 def extract_many_saved(session: Session, user_ids: list[int]) -> dict[int, list[Record]]:
     rows = session.execute(
-        select(Memory.owner_id, Memory.id, Memory.content)
+        select(Memory.owner_id, Memory.id, Memory.content, Memory.created_at)
         .where(Memory.owner_id.in_(user_ids), Memory.status == "active")
         .order_by(Memory.owner_id, Memory.created_at, Memory.id)
     )
-    return by_user(rows, lambda r: Record(SAVED, str(r.id), r.content))
+    return by_user(rows, lambda r: Record(SAVED, str(r.id), r.content, r.created_at))
 
 
 SAVED_SOURCE = Source(

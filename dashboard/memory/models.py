@@ -33,9 +33,10 @@ BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
 # What asked for a build. content_change: content, flags or deletions the user (or the
 # API) wrote; plan_change: the user's plan, or the cap or assignments of their plan;
 # model_change: the embedding model changed (``memory.model_change``); repair: the truth
-# check found stored chunks that should not be there (``memory.verify``).
+# check found stored chunks that should not be there (``memory.verify``); retention:
+# records aged out of the plan's retention window (``dashboard.retention``).
 BUILD_TRIGGERS = ("conversation_end", "conversation_idle", "user", "admin", "schedule", "system",
-                  "content_change", "plan_change", "model_change", "repair")
+                  "content_change", "plan_change", "model_change", "repair", "retention")
 
 
 class MemoryChunk(db.Model):
@@ -64,6 +65,8 @@ class MemoryChunk(db.Model):
     chunk_index: Mapped[int] = mapped_column(Integer)
     content_hash: Mapped[str] = mapped_column(String(64))
     content: Mapped[str] = mapped_column(Text)
+    # When its record was made (``Record.at``): what a retention window ages out.
+    record_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     embedding: Mapped[Any] = mapped_column(Vector(EMBEDDING_DIMENSIONS))
     embedding_model: Mapped[str] = mapped_column(String(64))
     build_id: Mapped[int | None] = mapped_column(

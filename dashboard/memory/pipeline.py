@@ -11,11 +11,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pgvector.psycopg import register_vector
-from sqlalchemy import Integer, Text, bindparam, delete, func, or_, select, text, update
+from sqlalchemy import Integer, Text, bindparam, delete, func, literal, or_, select, text, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
@@ -50,9 +50,26 @@ class BuildResult:
     per_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
-def fresh_chunks(records: list[Record]) -> dict[ChunkKey, str]:
-    chunks: dict[ChunkKey, str] = {}
+class Fresh(dict[ChunkKey, str]):
+    """Chunk key -> text, and each record's time (``ages``, by source and record id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ages: dict[tuple[str, str], datetime | None] = {}
+
+
+Cutoffs = dict[str, datetime]  # per source: records made before it are not remembered
+
+
+def fresh_chunks(records: list[Record], cutoffs: Cutoffs | None = None) -> Fresh:
+    """The records' chunks by key, leaving out records older than their source's
+    retention cutoff (the plan keeps only the last N days)."""
+    chunks = Fresh()
     for record in records:
+        cutoff = cutoffs.get(record.source_key) if cutoffs else None
+        if cutoff is not None and record.at is not None and record.at < cutoff:
+            continue
+        chunks.ages[(record.source_key, record.source_id)] = record.at
         for index, piece in enumerate(chunk_text(record.text)):
             chunks[(record.source_key, record.source_id, index, content_hash(piece))] = piece
     return chunks
@@ -137,11 +154,16 @@ class Comparison:
     new: dict[ChunkKey, str] = field(default_factory=dict)
     counts: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
     incremental: bool = False
+    ages: dict[tuple[str, str], datetime | None] = field(default_factory=dict)
+
+    def record_at(self, key: ChunkKey) -> datetime | None:
+        return self.ages.get((key[0], key[1]))
 
     def total(self, column: int) -> int:
         return sum(c[column] for c in self.counts.values())
 
-    def add_diff(self, fresh: dict[ChunkKey, str], diff: QuickDiff) -> None:
+    def add_diff(self, fresh: Fresh, diff: QuickDiff) -> None:
+        self.ages.update(fresh.ages)
         for key in diff.new_keys:
             self.new[key] = fresh[key]
             self.counts[key[0]][0] += 1
@@ -153,18 +175,19 @@ class Comparison:
 
 
 def compare_everything(session: Session, user_id: int, included: tuple[str, ...], model: str,
-                       source_keys: list[str] | None = None) -> Comparison:
+                       source_keys: list[str] | None = None, cutoffs: Cutoffs | None = None,
+                       ) -> Comparison:
     """Extract, chunk and key every included source (or ``source_keys`` of them) and
     diff against the stored chunks of those sources."""
     comparison = Comparison()
-    fresh = fresh_chunks(extract(session, user_id, included))
+    fresh = fresh_chunks(extract(session, user_id, included), cutoffs)
     comparison.add_diff(fresh, quick_diff(fresh, _stored(session, user_id, source_keys),
                                           model))
     return comparison
 
 
 def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...], model: str,
-                      summary: StoredSummary) -> Comparison:
+                      summary: StoredSummary, cutoffs: Cutoffs | None = None) -> Comparison:
     """What a quick update changes. It starts from what the stored chunks reflect
     (``MemoryState``, written by the build that stored them): a source no longer included
     loses all its chunks, and a source included then and now is re-read — chat history
@@ -176,7 +199,7 @@ def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...],
     ).first() or (None, False)
     if state is None or summary.foreign_model or state.embedding_model != model \
             or another_history:
-        return compare_everything(session, user_id, included, model)
+        return compare_everything(session, user_id, included, model, cutoffs=cutoffs)
 
     comparison = Comparison(incremental=True)
     for key, count in summary.counts.items():
@@ -188,11 +211,12 @@ def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...],
                 if key in state.included_keys and (parts := get_source(key).parts)}
     whole = [key for key in included if key not in in_parts]
     if whole:
-        fresh = fresh_chunks(extract(session, user_id, tuple(whole)))
+        fresh = fresh_chunks(extract(session, user_id, tuple(whole)), cutoffs)
         comparison.add_diff(fresh, quick_diff(fresh, _stored(session, user_id, whole), model))
     for key, parts in in_parts.items():
         _compare_changed_parts(session, user_id, key, parts, state.snapshot,
-                               summary.counts.get(key, 0), comparison)
+                               summary.counts.get(key, 0), comparison,
+                               (cutoffs or {}).get(key))
     return comparison
 
 
@@ -238,12 +262,14 @@ def _unseen(parts: Parts, snapshot: str) -> Any:
 
 
 def _compare_changed_parts(session: Session, user_id: int, source_key: str, parts: Parts,
-                           snapshot: str, stored_total: int, comparison: Comparison) -> None:
+                           snapshot: str, stored_total: int, comparison: Comparison,
+                           cutoff: datetime | None = None) -> None:
     """A source re-read for the parts (chat history: conversations) written by a
     transaction the last build could not see; the chunks of a part that no longer exists
     are removals; every other stored chunk is kept, as nothing it was made from has
     changed. Two statements whatever changed: the changed parts' records, and the stored
-    chunks of changed or deleted parts (one pass over the source's chunks)."""
+    chunks of changed or deleted parts, or older than ``cutoff`` (the plan's retention
+    window), in one pass over the source's chunks."""
     part_id = parts.model.id  # type: ignore[attr-defined]
     owner = getattr(parts.model, parts.owner)
     # Read once, as a list: each statement of a build sees the database as of its own
@@ -258,18 +284,24 @@ def _compare_changed_parts(session: Session, user_id: int, source_key: str, part
     # index probe per chunk, 3x slower at 10,000 chunks).
     owned = select(part_id).where(owner == user_id)
     exists_still = part_of.in_(owned)
-    fresh = fresh_chunks(parts.extract(session, user_id, changed)) if changed else {}
+    fresh = fresh_chunks(parts.extract(session, user_id, changed), {source_key: cutoff}
+                         if cutoff else None) if changed else Fresh()
+    comparison.ages.update(fresh.ages)
+    aged = MemoryChunk.record_at < cutoff if cutoff is not None else literal(False)
     stored: dict[ChunkKey, int] = {}
     gone: set[str] = set()
     counts = comparison.counts[source_key]
     for row in session.execute(
         select(MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
                MemoryChunk.chunk_index, MemoryChunk.content_hash,
-               exists_still.label("exists_still"))
+               exists_still.label("exists_still"), func.coalesce(aged, False).label("aged"))
         .where(MemoryChunk.user_id == user_id, MemoryChunk.source_key == source_key,
-               or_(part_of.in_(changed), part_of.not_in(owned)))
+               or_(part_of.in_(changed), part_of.not_in(owned), aged))
     ):
-        if row.exists_still:
+        if row.aged:  # older than the plan keeps: it goes, its part stays
+            comparison.stale_ids.append(row.id)
+            counts[1] += 1
+        elif row.exists_still:
             stored[_key(row)] = row.id
         else:
             comparison.stale_ids.append(row.id)
@@ -337,13 +369,15 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     resolution = resolve_for_build(session, user)
     result.resolution = resolution.to_dict()
     included = resolution.included_keys
+    cutoffs = resolution.cutoffs(result.inputs_read_at)
     summary = stored_summary(session, user.id, embedder.name)
 
     replace: list[Any] | None = None  # full, replaced: every stored row (id, key, model)
     if mode == "quick":
-        comparison = compare_for_quick(session, user.id, included, embedder.name, summary)
+        comparison = compare_for_quick(session, user.id, included, embedder.name, summary,
+                                       cutoffs)
     else:
-        fresh = fresh_chunks(extract(session, user.id, included))
+        fresh = fresh_chunks(extract(session, user.id, included), cutoffs)
         stored = _stored(session, user.id)
         if len(fresh) >= threshold:
             # In the HNSW index after this build: unchanged rows stay where they are.
@@ -351,7 +385,7 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
             comparison.add_diff(fresh, quick_diff(fresh, stored, embedder.name))
         else:
             replace = stored
-            comparison = Comparison(new=fresh)
+            comparison = Comparison(new=fresh, ages=fresh.ages)
             for row in stored:
                 comparison.counts[row.source_key][1] += 1
             for key in fresh:
@@ -386,7 +420,7 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     if to_embed:
         _copy_chunks(session, (
             (user.id, key[0], key[1], key[2], key[3], comparison.new[key], vector,
-             embedder.name, build_id, result.ann)
+             embedder.name, build_id, result.ann, comparison.record_at(key))
             for key, vector in zip(to_embed, vectors, strict=True)
         ))
     result.timings["write_ms"] = _ms(write_started)
@@ -418,12 +452,12 @@ _REPLACE = text(f"""
 WITH old AS (
     DELETE FROM {MemoryChunk.__tablename__} WHERE user_id = :user_id
     RETURNING id, source_key, source_id, chunk_index, content_hash, content, embedding,
-              embedding_model
+              embedding_model, record_at
 )
 INSERT INTO {MemoryChunk.__tablename__} (user_id, source_key, source_id, chunk_index,
-    content_hash, content, embedding, embedding_model, build_id, ann)
+    content_hash, content, embedding, embedding_model, build_id, ann, record_at)
 SELECT :user_id, source_key, source_id, chunk_index, content_hash, content, embedding,
-       embedding_model, :build_id, :ann
+       embedding_model, :build_id, :ann, record_at
 FROM old WHERE id = ANY(:reuse_ids)
 """)
 
@@ -470,7 +504,7 @@ def preview_memory_build(user: Any, *, session: Session, embedder_name: str,
     resolution = resolution or resolve_for_build(session, user)
     summary = stored_summary(session, user.id, embedder_name)
     comparison = compare_for_quick(session, user.id, resolution.included_keys, embedder_name,
-                                   summary)
+                                   summary, resolution.cutoffs(datetime.now(UTC)))
     return _as_preview(comparison)
 
 
@@ -492,9 +526,9 @@ def _preview_everything(session: Session, user_id: int, included: tuple[str, ...
 
 
 _COPY_COLUMNS = ("user_id", "source_key", "source_id", "chunk_index", "content_hash", "content",
-                 "embedding", "embedding_model", "build_id", "ann")
+                 "embedding", "embedding_model", "build_id", "ann", "record_at")
 _COPY_TYPES = ("int4", "varchar", "varchar", "int4", "varchar", "text", "vector", "varchar",
-               "int8", "bool")
+               "int8", "bool", "timestamptz")
 
 
 def _copy_chunks(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:

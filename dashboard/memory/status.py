@@ -6,13 +6,13 @@ resolution the request already made, shared with the chat notice."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import literal, select, union_all
+from sqlalchemy import and_, func, literal, or_, select, union_all
 from sqlalchemy.orm import Session
 
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.memory.pipeline import preview_memory_build
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import Resolution, SourceState
@@ -31,6 +31,9 @@ class SourceStatus:
     to_add: int
     to_remove: int
     unchanged: int
+    keep_days: int | None = None  # the plan's retention window
+    # Remembered records that leave memory within ``AGEING_DAYS`` as the window moves on.
+    ages_out_soon: int = 0
 
     @property
     def remembered(self) -> bool:
@@ -83,6 +86,11 @@ class MemoryStatus:
     queued: BuildSummary | None  # a request waiting for a worker
     running: BuildSummary | None
     not_remembered_messages: int
+    ageing_days: int = 7
+
+    @property
+    def ages_out_soon(self) -> int:
+        return sum(s.ages_out_soon for s in self.sources)
 
     @property
     def total_chunks(self) -> int:
@@ -147,6 +155,24 @@ def _builds(session: Session, user_id: int) -> dict[str, BuildSummary]:
     return {row.slot: _summary(row) for row in session.execute(statement).all()}
 
 
+AGEING_DAYS = 7
+
+
+def _ageing(session: Session, user_id: int, cutoffs: dict[str, datetime]) -> dict[str, int]:
+    """Per source with a retention window: the remembered records (not chunks) whose time
+    falls out of it within ``AGEING_DAYS``. One grouped read, and none without a window."""
+    if not cutoffs:
+        return {}
+    soon = timedelta(days=AGEING_DAYS)
+    rows = session.execute(
+        select(MemoryChunk.source_key, func.count(MemoryChunk.source_id.distinct()))
+        .where(MemoryChunk.user_id == user_id,
+               or_(*(and_(MemoryChunk.source_key == key, MemoryChunk.record_at >= at,
+                          MemoryChunk.record_at < at + soon) for key, at in cutoffs.items())))
+        .group_by(MemoryChunk.source_key))
+    return {key: int(count) for key, count in rows}
+
+
 def memory_status(session: Session, user: Any, *, resolution: Resolution,
                   embedder_name: str) -> MemoryStatus:
     """Everything the Memory Status page shows for ``user``, whose plan ``resolution``
@@ -160,6 +186,7 @@ def memory_status(session: Session, user: Any, *, resolution: Resolution,
                                    resolution=resolution)
     # What is stored now is what the next build removes or keeps.
     chunk_counts = {key: p.to_remove + p.unchanged for key, p in preview.items()}
+    ageing = _ageing(session, user.id, resolution.cutoffs(datetime.now(UTC)))
 
     sources = []
     for source in resolution.sources:
@@ -171,6 +198,8 @@ def memory_status(session: Session, user: Any, *, resolution: Resolution,
             to_add=dry_run.to_add if dry_run else 0,
             to_remove=dry_run.to_remove if dry_run else 0,
             unchanged=dry_run.unchanged if dry_run else 0,
+            keep_days=source.keep_days if source.remembered else None,
+            ages_out_soon=ageing.get(source.key, 0),
         ))
 
     last_build = builds.get("finished")
@@ -187,4 +216,5 @@ def memory_status(session: Session, user: Any, *, resolution: Resolution,
         queued=builds.get("queued"),
         running=builds.get("running"),
         not_remembered_messages=not_remembered,
+        ageing_days=AGEING_DAYS,
     )

@@ -51,7 +51,7 @@ def extract_many_chat_pairs(session: Session, user_ids: list[int],
     query = (
         select(Message.user_id, Message.id, Message.conversation_id, Message.role,
                case((drew_on, DREW_ON_MEMORY), else_=Message.content),
-               Message.not_remembered, Message.reply_to_id)
+               Message.not_remembered, Message.reply_to_id, Message.created_at)
         .where(Message.user_id.in_(user_ids))
         .order_by(Message.conversation_id, Message.position)
     )
@@ -62,11 +62,12 @@ def extract_many_chat_pairs(session: Session, user_ids: list[int],
     records: dict[int, list[Record]] = {}
     owner: int | None = None
     conversation_id: int | None = None
-    turns: list[tuple[int, str, bool]] = []  # (message id, content, not_remembered)
+    # (message id, content, not_remembered, when asked)
+    turns: list[tuple[int, str, bool, Any]] = []
     replies: dict[int, str] = {}
 
     def flush() -> None:
-        for pair_index, (message_id, question, flagged) in enumerate(turns):
+        for pair_index, (message_id, question, flagged, asked_at) in enumerate(turns):
             answer = replies.get(message_id)
             if flagged or answer is None:
                 continue
@@ -74,17 +75,18 @@ def extract_many_chat_pairs(session: Session, user_ids: list[int],
                 CHAT_HISTORY,
                 f"{conversation_id}:{pair_index}",
                 f"User: {question}\nOrbitPilot: {answer}",
+                asked_at,
             ))
 
     previous_user_turn: int | None = None
-    for user_id, id_, conv_id, role, content, flagged, reply_to in rows:
+    for user_id, id_, conv_id, role, content, flagged, reply_to, created_at in rows:
         if conv_id != conversation_id:
             if conversation_id is not None:
                 flush()
             conversation_id, turns, replies, previous_user_turn = conv_id, [], {}, None
             owner = user_id  # a conversation has one owner
         if role == "user":
-            turns.append((id_, content, bool(flagged)))
+            turns.append((id_, content, bool(flagged), created_at))
             previous_user_turn = id_
         else:
             target = reply_to if reply_to is not None else previous_user_turn
@@ -105,7 +107,8 @@ def count_not_remembered(session: Session, user_id: int) -> int:
 
 PROFILE_SOURCE = Source(
     PROFILE, "Your profile", True, "the user's profile facts (one record)",
-    extract_many_profiles, (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),))
+    extract_many_profiles, (Watch(ProfileFact, "user_id", frozenset({"key", "value"})),),
+    aged=False)
 
 CHAT_HISTORY_SOURCE = Source(
     CHAT_HISTORY, "Chat history", True,

@@ -15,12 +15,15 @@ from sqlalchemy import (
     func,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
 from dashboard.models_base import created_at_column, updated_at_column
 
 DEFAULT_INCLUDED_SOURCES = 3
+# How long a soft-deleted memory can be restored before retention purges it.
+DEFAULT_RESTORE_WINDOW_DAYS = 30
 
 
 class Plan(db.Model):
@@ -28,6 +31,7 @@ class Plan(db.Model):
     __table_args__ = (
         CheckConstraint("included_sources >= 0", name="included_sources_non_negative"),
         CheckConstraint("monthly_price_cents >= 0", name="price_non_negative"),
+        CheckConstraint("restore_window_days >= 1", name="restore_window_positive"),
         # At most one plan is the default (free) plan that users without a plan are on.
         Index("uq_plans_single_default", "is_default", unique=True,
               postgresql_where=text("is_default")),
@@ -46,6 +50,13 @@ class Plan(db.Model):
     )
     monthly_price_cents: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     is_default: Mapped[bool] = mapped_column(Boolean, default=False, server_default="false")
+    # Retention: source_key -> days of records a build keeps (no key: all of them); and
+    # the days a soft-deleted memory stays restorable before it is purged.
+    retention: Mapped[dict[str, int]] = mapped_column(
+        JSONB, default=dict, server_default=text("'{}'::jsonb"))
+    restore_window_days: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_RESTORE_WINDOW_DAYS,
+        server_default=str(DEFAULT_RESTORE_WINDOW_DAYS))
     active: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = updated_at_column()

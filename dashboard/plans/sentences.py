@@ -40,6 +40,10 @@ def join_labels(labels: list[str]) -> str:
     return f"{', '.join(labels[:-1])} and {labels[-1]}"
 
 
+def days_phrase(days: int) -> str:
+    return "day" if days == 1 else f"{days} days"
+
+
 def _sources_phrase(count: int) -> str:
     return "no sources" if count == 0 else f"{count} source{'s' if count != 1 else ''}"
 
@@ -51,6 +55,9 @@ def state_sentence(source: SourceResolution, resolution: Resolution) -> str:
     plan = resolution.plan.name
     label = in_sentence(source.label)
     if source.state is SourceState.INCLUDED:
+        if source.keep_days:
+            return (f"Remembered: your {plan} plan keeps the last "
+                    f"{days_phrase(source.keep_days)} of {label}.")
         return f"Remembered: your {plan} plan includes {label}."
     if source.state is SourceState.EVICTED_BY_CAP:
         cap = source.cap or 0

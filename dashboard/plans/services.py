@@ -7,6 +7,7 @@ request keeps one (``plans.web``), so every surface of a page shares one query."
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -15,7 +16,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, joinedload, selectinload
 
 from dashboard.auth.models import User
-from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, Plan
+from dashboard.plans.models import DEFAULT_INCLUDED_SOURCES, DEFAULT_RESTORE_WINDOW_DAYS, Plan
 from dashboard.refusals import NotFound
 from dashboard.sources import registered_sources
 
@@ -41,6 +42,9 @@ class UserPlan:
     is_default: bool
     # source_key -> enabled, for the plan's assignment rows only.
     assignments: dict[str, bool] = field(default_factory=dict)
+    # source_key -> days of records kept (no key: all); a deleted memory's restore window.
+    retention: dict[str, int] = field(default_factory=dict)
+    restore_window_days: int = DEFAULT_RESTORE_WINDOW_DAYS
 
     @classmethod
     def from_plan(cls, plan: Plan) -> UserPlan:
@@ -51,7 +55,18 @@ class UserPlan:
             included_sources=plan.included_sources,
             is_default=plan.is_default,
             assignments={a.source_key: a.enabled for a in plan.assignments},
+            retention=retention_of(plan.retention),
+            restore_window_days=plan.restore_window_days or DEFAULT_RESTORE_WINDOW_DAYS,
         )
+
+
+def retention_of(raw: Any) -> dict[str, int]:
+    """A plan's stored windows, keeping only whole positive days of aged sources."""
+    if not isinstance(raw, dict):
+        return {}
+    aged = {s.key for s in registered_sources() if s.aged}
+    return {key: days for key, days in raw.items()
+            if key in aged and type(days) is int and days > 0}
 
 
 # Used only when the database has no default plan at all (never after migrations).
@@ -77,6 +92,8 @@ class SourceResolution:
     cap: int | None = None
     # For an eviction: the higher-ranked included sources that filled the cap.
     filled_by: tuple[str, ...] = ()
+    # The plan's retention window for it, in days (``None``: every record is kept).
+    keep_days: int | None = None
 
     @property
     def remembered(self) -> bool:
@@ -91,6 +108,7 @@ class SourceResolution:
             "assigned": self.assigned,
             "cap": self.cap,
             "filled_by": list(self.filled_by),
+            "keep_days": self.keep_days,
         }
 
 
@@ -106,6 +124,13 @@ class Resolution:
     @property
     def included_keys(self) -> tuple[str, ...]:
         return tuple(s.key for s in self.sources if s.remembered)
+
+    def cutoffs(self, now: datetime, grace: timedelta = timedelta(0),
+                ) -> dict[str, datetime]:
+        """Per included source with a retention window: records made before this time
+        are not remembered (``grace`` later, for a check that allows for the job's lag)."""
+        return {s.key: now - timedelta(days=s.keep_days) - grace
+                for s in self.sources if s.remembered and s.keep_days}
 
     def get(self, key: str) -> SourceResolution:
         for source in self.sources:
@@ -151,7 +176,8 @@ def resolve_sources(plan: UserPlan | None) -> Resolution:
         elif len(included) < cap:
             included.append(source.key)
             resolved.append(SourceResolution(source.key, source.label, rank,
-                                             SourceState.INCLUDED, decided_by, True, cap))
+                                             SourceState.INCLUDED, decided_by, True, cap,
+                                             keep_days=plan.retention.get(source.key)))
         else:
             resolved.append(SourceResolution(source.key, source.label, rank,
                                              SourceState.EVICTED_BY_CAP, decided_by, True, cap,

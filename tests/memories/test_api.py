@@ -124,7 +124,8 @@ def recalled_ids(api: Api, query: str) -> list[str | None]:
 MEMORY_FIELDS = {"id", "content", "metadata", "source", "client_name", "status", "version",
                  "created_at", "updated_at", "deleted_at", "redacted_at"}
 RECEIPT_FIELDS = {"marker_id", "memory_id", "mode", "from_status", "to_status", "version",
-                  "reason", "removed", "audit_event", "created_at", "vacuum", "probe"}
+                  "reason", "removed", "audit_event", "created_at", "vacuum", "probe",
+                  "pending", "completed_by"}
 
 
 # -- saving ----------------------------------------------------------------------------------
