@@ -1,7 +1,8 @@
-"""The truth check: per user, the stored chunks hold nothing the resolution, the flags and
-the records' statuses do not allow, their counts are what the last build stored, and the
-``ann`` flag agrees with the threshold. A violation is an audit event (counts and ids
-only) and a repair build; each run leaves a ``MemoryVerification`` row.
+"""The truth check: per user, the stored chunks hold nothing the resolution, the flags,
+the records' statuses and the plan's retention do not allow, their counts are what the
+last build stored, and the ``ann`` flag agrees with the threshold. A violation is an
+audit event (counts and ids only) and a repair build; each run leaves a
+``MemoryVerification`` row.
 
 A user with a build queued or running is not judged: that build settles every change
 made so far (each change asks for one in its own transaction)."""
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import distinct_on
@@ -32,7 +33,8 @@ VERIFY_ACTION = "memory.verify"
 KINDS = {
     "source_not_included": "chunks of a source the user's plan does not include now",
     "not_allowed": "chunks no current record allows (a flagged pair, an excluded Blink, "
-                   "a memory not active, a deleted document, or changed content)",
+                   "a memory not active, a deleted document, changed content, or a record "
+                   "older than the plan's retention window keeps)",
     "count_mismatch": "a chunk count other than what the last build stored",
     "ann_flag": "rows whose ann flag disagrees with ANN_MIN_CHUNKS",
 }
@@ -96,8 +98,13 @@ def _judge(user_id: int, included: set[str], stored: dict[str, list[int]],
     return found
 
 
+# Records age out of a retention window continuously, and leave memory at the build the
+# retention run asks for: a record is judged outside the window only this much later.
+RETENTION_GRACE = timedelta(days=1)
+
+
 def _not_allowed(session: Session, checked: dict[str, list[int]],
-                 ) -> dict[int, dict[str, int]]:
+                 cutoffs: dict[int, dict[str, datetime]]) -> dict[int, dict[str, int]]:
     """Per user and source, the stored chunks no current record allows: each source's
     records of all its users in one query, their chunk keys against the stored keys."""
     wanted = {(user_id, key) for key, ids in checked.items() for user_id in ids}
@@ -106,7 +113,7 @@ def _not_allowed(session: Session, checked: dict[str, list[int]],
     allowed: dict[int, set[tuple]] = defaultdict(set)
     for key, user_ids in checked.items():
         for user_id, records in get_source(key).extract_many(session, user_ids).items():
-            allowed[user_id].update(fresh_chunks(records))
+            allowed[user_id].update(fresh_chunks(records, cutoffs.get(user_id)))
     extra: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     users = sorted({user_id for user_id, _ in wanted})
     for row in session.execute(
@@ -150,14 +157,16 @@ def verify_memory(session: Session, *, ann_threshold: int,
         last = _last_counts(session, ids)
         judged = [u for u in users if u.id not in pending]
         report.users_pending += len(users) - len(judged)
-        included = {u.id: set(resolve_sources(plans.get(u.plan_id, default))
-                              .included_keys) for u in judged}
+        resolutions = {u.id: resolve_sources(plans.get(u.plan_id, default)) for u in judged}
+        included = {uid: set(r.included_keys) for uid, r in resolutions.items()}
+        cutoffs = {uid: r.cutoffs(report.started_at, RETENTION_GRACE)
+                   for uid, r in resolutions.items()}
         checked: dict[str, list[int]] = defaultdict(list)
         for u in judged:
             for key in stored.get(u.id, {}):
                 if key in included[u.id]:
                     checked[key].append(u.id)
-        extra = _not_allowed(session, checked)
+        extra = _not_allowed(session, checked, cutoffs)
         for u in judged:
             mine = stored.get(u.id, {})
             report.users_checked += 1

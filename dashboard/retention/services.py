@@ -197,7 +197,9 @@ def set_retention(session: Session, plan: Plan, windows: dict[str, int], restore
     leaves out, full rebuilds for the plan's users when a window grows (an old pair
     comes back only from a full read). The purges are the periodic run's."""
     now = now or datetime.now(UTC)
-    session.refresh(plan, with_for_update=True)
+    # The plan's row locked, then read as it is now: two confirms cannot interleave.
+    session.execute(select(Plan.id).where(Plan.id == plan.id).with_for_update())
+    session.refresh(plan)
     if expected is not None and expected != retention_fingerprint(plan):
         raise RetentionChanged()
     for key, days in windows.items():
