@@ -42,6 +42,7 @@ from dashboard.database import normalise_database_url
 from dashboard.documents.views import bp as documents_bp
 from dashboard.embedded import OWNER_ROLE, EmbeddedBinding, ensure_started, get_services
 from dashboard.errors import register_error_handlers
+from dashboard.exports.views import bp as exports_bp
 from dashboard.extensions import csrf, db, login_manager, migrate
 from dashboard.memories.api import init_api
 from dashboard.memories.key_pages import bp as keys_bp
@@ -162,7 +163,8 @@ def _start_embedded_on_first_use(app: Flask) -> None:
 
 def init_blueprints(app: Flask) -> None:
     for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
-                      documents_bp, keys_bp, memories_bp, connectors_bp, metrics_bp):
+                      documents_bp, keys_bp, memories_bp, connectors_bp, metrics_bp,
+                      exports_bp):
         app.register_blueprint(blueprint)
     init_oauth(app)
 

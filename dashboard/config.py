@@ -175,6 +175,8 @@ def build_settings() -> dict[str, Any]:
         # aside (0: kept for ever); connector access log rows likewise.
         "BUILD_RECORD_DAYS": _env("BUILD_RECORD_DAYS", 180, int),
         "ACCESS_LOG_DAYS": _env("ACCESS_LOG_DAYS", 180, int),
+        # A user may ask for "download everything about me" once per this many seconds.
+        "EXPORT_INTERVAL_SECONDS": _env("EXPORT_INTERVAL_SECONDS", 600, int),
         # The schedule treats a change stamped up to this long before a build read its
         # inputs as possibly missed (a stamp is its writer's transaction start).
         "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),

@@ -11,6 +11,7 @@ from dashboard.connectors.models import (
     OAuthToken,
 )
 from dashboard.documents.models import Document
+from dashboard.exports.models import DataExport, DataExportPart
 from dashboard.holds.models import LegalHold
 from dashboard.leases import MaintenanceLease
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
@@ -20,8 +21,8 @@ from dashboard.plans.models import Plan, SourceAssignment
 
 __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "ConnectorAccess", "Conversation",
-    "Document", "ForgetMarker", "LegalHold", "MaintenanceLease", "Memory", "MemoryBuild",
-    "MemoryChunk", "MemoryVersion", "Message", "OAuthClient", "OAuthCode", "OAuthGrant",
-    "OAuthToken",
-    "Plan", "ProfileFact", "ReplyRecall", "SourceAssignment", "User",
+    "DataExport", "DataExportPart", "Document", "ForgetMarker", "LegalHold", "MaintenanceLease",
+    "Memory", "MemoryBuild", "MemoryChunk", "MemoryVersion", "Message", "OAuthClient",
+    "OAuthCode", "OAuthGrant", "OAuthToken", "Plan", "ProfileFact", "ReplyRecall",
+    "SourceAssignment", "User",
 ]

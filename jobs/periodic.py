@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from dashboard import memory
 from dashboard.audit.anchors import Anchoring
 from dashboard.audit.services import anchor_head, checkpoint_chain
+from dashboard.exports import tend_exports
 from dashboard.leases import claim_lease
 from dashboard.memories.erasure import vacuum_after_erasures
 from dashboard.orbitpilot import services as chat
@@ -46,6 +47,11 @@ def _audit_checkpoint(session: Session, queue: memory.BuildQueue | None,
     return anchor_head(session, Anchoring.from_settings(config))
 
 
+def _exports(session: Session, queue: memory.BuildQueue, config: Mapping[str, Any]) -> object:
+    return tend_exports(session, lost=queue.lost,
+                        push=lambda calls: queue.push([("call", c) for c in calls]))
+
+
 PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
     PeriodicTask("sweep", "BUILD_SWEEP_SECONDS",
                  lambda session, queue, config: memory.sweep_builds(session, queue)),
@@ -59,6 +65,7 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
                  lambda session, queue, config: memory.request_model_change_builds(
                      session, model=memory.embedder_model_name(config["EMBEDDER"]),
                      batch=config["MODEL_CHANGE_BATCH"])),
+    PeriodicTask("exports", "BUILD_SWEEP_SECONDS", _exports),
     PeriodicTask("audit_checkpoint", "AUDIT_CHECKPOINT_SECONDS", _audit_checkpoint),
     PeriodicTask("erasure_vacuum", "ERASURE_VACUUM_SECONDS", _erasure_vacuum),
     PeriodicTask("retention", "RETENTION_SECONDS",

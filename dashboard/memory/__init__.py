@@ -7,9 +7,9 @@ only (a test holds it so); the modules behind it are the engine's own.
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
 - jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs,
-  a model change (``request_model_change_builds``, ``model_change_progress``), the truth
-  check (``verify_memory``, ``last_verification``);
-- what they run with: the queue, the embedders, the settings, the models."""
+  a model change, the truth check (``verify_memory``, ``last_verification``);
+- what they run with: the queue (``defer_job``: another domain's ``Call`` after the
+  commit), the embedders, the settings, the models."""
 
 from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
 from dashboard.memory.embedders import (
@@ -42,11 +42,12 @@ from dashboard.memory.models import (
     MemoryState,
 )
 from dashboard.memory.pipeline import preview_memory_build
-from dashboard.memory.queue import BuildQueue, bind_queue
+from dashboard.memory.queue import BuildQueue, Call, bind_queue
 from dashboard.memory.requests import (
     BuildRequest,
     RateLimited,
     build_for_change,
+    defer_job,
     request_build,
     request_builds,
     request_builds_by_staff,
@@ -75,7 +76,7 @@ __all__ = [
     "sweep_builds", "VIOLATION_KINDS", "VerifyReport", "last_verification", "verify_memory",
     # what they run with
     "BUILD_MODES", "BUILD_STATUSES", "BUILD_TRIGGERS", "OWN_CUT", "BuildQueue", "Embedder",
-    "EngineSettings", "MemoryBuild", "MemoryChunk",
+    "Call", "EngineSettings", "MemoryBuild", "MemoryChunk", "defer_job",
     "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",
     "match_distance", "preload_embedder", "recall_cut", "settings_from",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis
@@ -30,6 +31,17 @@ def build_job_id(build_id: int) -> str:
 
 def fanout_job_id(plan_id: int) -> str:
     return f"fanout-plan-{plan_id}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """A job of another domain pushed after the commit that asked for it: an importable
+    function's name, its arguments (ids only, never content), its job id."""
+
+    function: str
+    args: tuple[Any, ...]
+    job_id: str
+    description: str
 
 
 class BuildQueue:
@@ -65,7 +77,8 @@ class BuildQueue:
         }
 
     def push(self, jobs: Iterable[tuple[str, Any]]) -> int:
-        """Push ``("build", build_id)`` and ``("fanout", Fanout)`` jobs; how many were
+        """Push ``("build", build_id)``, ``("fanout", Fanout)`` and ``("call", Call)`` jobs;
+        how many were
         pushed. A Redis failure is logged by kind and left to the sweeper (the rows are
         the requests, safe in PostgreSQL)."""
         jobs = list(dict.fromkeys(jobs))
@@ -78,6 +91,9 @@ class BuildQueue:
                 if kind == "build":
                     queue.enqueue("jobs.builds.run_build", what, job_id=build_job_id(what),
                                   description=f"memory build {what}", **options)
+                elif kind == "call":
+                    queue.enqueue(what.function, *what.args, job_id=what.job_id,
+                                  description=what.description, **options)
                 else:
                     queue.enqueue("jobs.builds.fan_out_plan", what.plan_id, mode=what.mode,
                                   trigger=what.trigger, requested_by_id=what.requested_by_id,

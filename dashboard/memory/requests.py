@@ -273,6 +273,8 @@ def _transaction(session: Session) -> SessionTransaction:
 
 
 def defer_job(session: Session | scoped_session, job: tuple[str, Any]) -> None:
+    """Push ``job`` to the bound queue once the session's outermost transaction commits
+    (dropped if it rolls back)."""
     session = _own(session)
     session.info.setdefault(_PENDING, []).append((_transaction(session), job))
 

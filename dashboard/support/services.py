@@ -6,12 +6,14 @@ user's history or the number of plans."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
+from dashboard.holds import active_hold
 from dashboard.ids import INT4_MAX, parse_id
 from dashboard.memory import BuildSummary, MemoryBuild, MemoryChunk
 from dashboard.plans.impact import plan_rows
@@ -98,6 +100,8 @@ class UserTrace:
     # and whether chat history is remembered at all on the plan now.
     not_remembered: int = 0
     chat_included: bool = False
+    # A legal hold on the user now: (placed at, ends at or None); never its reason here.
+    legal_hold: tuple[datetime, datetime | None] | None = None
 
 
 # The start of an email or of its domain: at least this many characters, and at most
@@ -292,6 +296,8 @@ def user_trace(session: Session, user_id: int) -> UserTrace | None:
         not_remembered=count_marked(session, user.id) if count_marked else 0,
         chat_included=any(s.key == CHAT_HISTORY and s.state == SourceState.INCLUDED.value
                           for s in sources),
+        legal_hold=(hold.placed_at, hold.ends_at) if (hold := active_hold(session, user.id))
+        else None,
     )
 
 

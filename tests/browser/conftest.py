@@ -232,6 +232,7 @@ def world(app):
     from dashboard.audit.services import Actor
     from dashboard.auth.models import User
     from dashboard.documents.models import Document
+    from dashboard.exports import DataExport
     from dashboard.memories.keys import create_key
     from dashboard.memories.services import forget_memory
     from dashboard.memory.embedders import HashingEmbedder
@@ -262,9 +263,12 @@ def world(app):
         forget_memory(session, user.id, forgotten.id, mode="soft_delete",
                       actor=Actor.of(user), reason="")
         run_memory_build(user, "full", session=session, embedder=HashingEmbedder())
+        export = DataExport(user_id=user.id, status="running", progress=40, stage="messages")
+        session.add(export)
         session.commit()
         ids = {"user": user.id, "conversation": conversation.id, "blink": blink.id,
-               "memory": memory.id, "document": document.id, "plan": plan.id}
+               "memory": memory.id, "document": document.id, "plan": plan.id,
+               "export": export.id}
         emails = {"user": user.email, "support": support.email, "admin": admin.email}
         yield ids, emails
         session.rollback()
@@ -284,10 +288,11 @@ def pages_of(identity: str, ids: dict) -> list[str]:
             "/memories/", f"/memories/{ids['memory']}",
             f"/memories/{ids['memory']}/forget?mode=soft_delete", "/profile/",
             "/documents/", f"/documents/view/?id={ids['document']}", "/settings/keys/",
-            "/settings/connections", "/admin/", "/no-such-page",
+            "/settings/connections", f"/memory/export/{ids['export']}", "/admin/",
+            "/no-such-page",
         ]
     staff = ["/admin/", "/support/", f"/support/users/{ids['user']}", "/support/plans",
-             "/admin/builds/", "/admin/audit/", "/admin/markers/"]
+             "/admin/builds/", "/admin/audit/", "/admin/markers/", "/admin/retention/"]
     if identity == "support":
         return staff
     return staff + ["/admin/assignments/", "/admin/plan/", f"/admin/plan/details/?id={ids['plan']}",

@@ -56,7 +56,7 @@ def test_no_page_has_a_wcag_aa_violation(page, axe, world, identity, size):
 
 STAFF_LISTS = ["/admin/audit/", "/admin/builds/", "/admin/markers/", "/admin/api_keys/",
                "/admin/user/", "/admin/plan/", "/admin/connections/", "/admin/assignments/",
-               "/support/plans", "/support/"]
+               "/support/plans", "/support/", "/admin/retention/"]
 WIDEST = """
 const out = [];
 for (const table of document.querySelectorAll('table')) {

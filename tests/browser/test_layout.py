@@ -71,7 +71,8 @@ MENUS = {
     "user": ("[data-op-nav-toggle]", "[data-op-nav]", MENU),
     "admin": (".navbar-toggler", ".navbar-collapse",
               ["Home", "Plans", "Users", "Assignments", "API keys", "Connected apps",
-               "Builds", "Audit log", "Erasure markers", "Support", "Back to OrbitPilot"]),
+               "Builds", "Audit log", "Erasure markers", "Retention", "Support",
+               "Back to OrbitPilot"]),
 }
 
 
