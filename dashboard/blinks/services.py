@@ -10,6 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
+from dashboard.holds import refuse_while_held
 from dashboard.refusals import FieldError
 
 MAX_TITLE = 200
@@ -93,5 +94,7 @@ def set_excluded(session: Session, blink: Blink, excluded: bool | None = None) -
 
 
 def delete_blink(session: Session, blink: Blink) -> None:
+    refuse_while_held(session, blink.user_id, "a Blink",
+                      "You can exclude it from memory meanwhile.")
     session.delete(blink)
     session.flush()

@@ -19,6 +19,7 @@ from dashboard.blinks.services import MAX_CONTENT, MAX_TITLE
 from dashboard.errors import problem
 from dashboard.extensions import db
 from dashboard.forms import owned_or_404, same_site_path, save_form
+from dashboard.holds import HeldByLaw
 from dashboard.plans.web import sentence_for
 from dashboard.sources import BLINKS
 
@@ -96,7 +97,11 @@ def delete():
     blink = _owned(request.args.get("id"))
     if request.method != "POST":  # GET and HEAD show; only a POST changes
         return render_template("blink/delete.html", blink=blink)
-    services.delete_blink(db.session, blink)
+    try:
+        services.delete_blink(db.session, blink)
+    except HeldByLaw as exc:
+        flash(exc.sentence, "warning")
+        return redirect(url_for("blinks.index"), 303)
     db.session.commit()
     flash("Blink deleted.", "success")
     return redirect(url_for("blinks.index"))

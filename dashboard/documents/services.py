@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from dashboard.documents.models import Document
+from dashboard.holds import refuse_while_held
 from dashboard.refusals import FieldError
 
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -147,5 +148,6 @@ def list_documents(session: Session, *, user_id: int, page: int = 1,
 
 
 def delete_document(session: Session, document: Document) -> None:
+    refuse_while_held(session, document.user_id, "a document")
     session.delete(document)
     session.flush()

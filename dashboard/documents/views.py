@@ -18,6 +18,7 @@ from dashboard.documents.models import Document
 from dashboard.documents.services import MAX_TITLE
 from dashboard.extensions import db, login_manager
 from dashboard.forms import owned_or_404, save_form
+from dashboard.holds import HeldByLaw
 from dashboard.plans.web import sentence_for
 from dashboard.sources import DOCUMENTS
 
@@ -101,7 +102,11 @@ def delete():
     document = _owned(request.args.get("id"))
     if request.method != "POST":  # GET and HEAD show; only a POST changes
         return render_template("documents/delete.html", document=document)
-    services.delete_document(db.session, document)
+    try:
+        services.delete_document(db.session, document)
+    except HeldByLaw as exc:
+        flash(exc.sentence, "warning")
+        return redirect(url_for("documents.index"), 303)
     db.session.commit()
     flash("Document deleted.", "success")
     return redirect(url_for("documents.index"))

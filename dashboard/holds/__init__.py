@@ -4,6 +4,7 @@ receipts and complete when it ends (``dashboard.retention`` completes them)."""
 
 from dashboard.holds.models import LegalHold
 from dashboard.holds.services import (
+    HeldByLaw,
     HoldError,
     active_hold,
     held_users,
@@ -11,8 +12,9 @@ from dashboard.holds.services import (
     holds_of,
     is_held,
     place_hold,
+    refuse_while_held,
     release_hold,
 )
 
-__all__ = ["HoldError", "LegalHold", "active_hold", "held_users", "hold_condition",
-           "holds_of", "is_held", "place_hold", "release_hold"]
+__all__ = ["HeldByLaw", "HoldError", "LegalHold", "active_hold", "held_users", "hold_condition",
+           "holds_of", "is_held", "place_hold", "refuse_while_held", "release_hold"]

@@ -11,13 +11,27 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.services import Actor, record_event
 from dashboard.holds.models import LegalHold
-from dashboard.refusals import FieldError
+from dashboard.refusals import Conflict, FieldError
 
 MAX_REASON = 500
 
 
 class HoldError(FieldError):
     """A hold refused, with the form field it is about."""
+
+
+class HeldByLaw(Conflict):
+    """A deletion refused while a legal hold keeps the user's data."""
+
+    def __init__(self, what: str, instead: str = "") -> None:
+        super().__init__(f"Your account is under a legal hold: {what} cannot be deleted "
+                         f"until the hold ends.{(' ' + instead) if instead else ''}")
+
+
+def refuse_while_held(session: Session, user_id: int, what: str, instead: str = "") -> None:
+    """Raise ``HeldByLaw`` if a hold keeps ``user_id``'s data now."""
+    if is_held(session, user_id):
+        raise HeldByLaw(what, instead)
 
 
 def _holding(now: datetime) -> ColumnElement[bool]:

@@ -14,6 +14,7 @@ from wtforms import StringField
 
 from dashboard.extensions import db
 from dashboard.forms import owned_or_404, save_form
+from dashboard.holds import HeldByLaw
 from dashboard.orbitpilot import profile_services as services
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.orbitpilot.profile_services import MAX_KEY, MAX_VALUE
@@ -76,7 +77,11 @@ def edit():
 @login_required
 def delete():
     fact = _owned(request.args.get("id"))
-    services.delete_fact(db.session, fact)
+    try:
+        services.delete_fact(db.session, fact)
+    except HeldByLaw as exc:
+        flash(exc.sentence, "warning")
+        return redirect(url_for("profile.index"), 303)
     db.session.commit()
     flash("Fact deleted from your profile.", "success")
     return redirect(url_for("profile.index"))

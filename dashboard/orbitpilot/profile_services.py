@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from dashboard.holds import refuse_while_held
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.refusals import FieldError
 
@@ -105,5 +106,6 @@ def update_fact(session: Session, fact: ProfileFact, *, key: str, value: str) ->
 
 
 def delete_fact(session: Session, fact: ProfileFact) -> None:
+    refuse_while_held(session, fact.user_id, "a profile fact")
     session.delete(fact)
     session.flush()

@@ -191,3 +191,32 @@ def test_the_receipt_page_and_the_api_say_pending_legal_hold(client, db_session,
     assert b'data-pending="legal_hold"' in page.data and b"Pending: legal hold." in page.data
     assert client.post(f"/v1/memories/{memory.id}/restore", json={},
                        headers={"X-API-Key": secret}).status_code == 409
+
+
+@pytest.mark.parametrize("kind", ["blink", "document", "fact"])
+def test_under_a_hold_a_blink_a_document_or_a_fact_is_not_deleted(client, db_session, auth,
+                                                                   kind):
+    from dashboard.blinks.models import Blink
+    from dashboard.documents.models import Document
+    from dashboard.orbitpilot.models import ProfileFact
+    from tests.factories import make_blink
+
+    user = sign_in(db_session, auth, "user")
+    if kind == "blink":
+        row, path, back = make_blink(db_session, user), "/blinks/delete/", "/blinks/"
+    elif kind == "document":
+        row = Document(user_id=user.id, title="Notes", content="text")
+        path, back = "/documents/delete/", "/documents/"
+    else:
+        row = ProfileFact(user_id=user.id, key="city", value="Lyon")
+        path, back = "/profile/delete/", "/profile/"
+    db_session.add(row)
+    db_session.flush()
+    place_hold(db_session, user.id, reason="r", ends_at=None,
+               actor=Actor.of(make_user(db_session, role="admin")))
+    answer = client.post(f"{path}?id={row.id}",
+                         data={"csrf_token": csrf_from(client, back)}, follow_redirects=True)
+    assert answer.status_code == 200
+    assert b"under a legal hold" in answer.data
+    model = {"blink": Blink, "document": Document, "fact": ProfileFact}[kind]
+    assert db_session.get(model, row.id) is not None
