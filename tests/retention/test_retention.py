@@ -13,6 +13,7 @@ from sqlalchemy import func, insert, select, update
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
+from dashboard.connectors.models import ConnectorAccess
 from dashboard.holds import HoldError, is_held, place_hold, release_hold
 from dashboard.memories import services as memories
 from dashboard.memories.models import ForgetMarker, Memory
@@ -36,6 +37,7 @@ from tests.factories import (
     build,
     make_blink,
     make_build_record,
+    make_connection,
     make_conversation,
     make_memory,
     make_plan,
@@ -377,17 +379,27 @@ def test_the_truth_check_names_a_chunk_older_than_the_window_past_its_grace(db_s
         {("not_allowed", CHAT_HISTORY)}
 
 
-def test_the_run_prunes_old_build_records_but_each_users_latest_success(db_session):
+def test_the_run_prunes_old_build_records_but_each_users_latest_success_and_old_reads(
+        db_session):
     user = make_user(db_session)
     old = datetime.now(UTC) - timedelta(days=400)
     records = [make_build_record(user, created_at=old, finished_at=old) for _ in range(3)]
     records.append(make_build_record(user, status="failed", created_at=old, finished_at=old))
     db_session.add_all(records)
     db_session.flush()
-    run = apply_retention(db_session, config={"BUILD_RECORD_DAYS": 180})
+    grant, _ = make_connection(db_session, user)
+    reads = [ConnectorAccess(grant_id=grant.id, tool="search_memory", source_key=SAVED,
+                             source_id=str(n), created_at=at)
+             for n, at in enumerate((old, datetime.now(UTC)))]
+    db_session.add_all(reads)
+    db_session.flush()
+    run = apply_retention(db_session, config={"BUILD_RECORD_DAYS": 180,
+                                              "ACCESS_LOG_DAYS": 90})
     left = db_session.scalars(select(MemoryBuild.id).where(MemoryBuild.user_id == user.id)
                               .execution_options(populate_existing=True)).all()
     assert left == [records[2].id] and run.builds_pruned == 3
+    assert db_session.scalars(select(ConnectorAccess.source_id).where(
+        ConnectorAccess.grant_id == grant.id)).all() == ["1"] and run.access_pruned == 1
     event = db_session.scalars(select(AuditEvent).where(AuditEvent.action == "retention.apply")
                                .order_by(AuditEvent.seq.desc())).first()
     assert event.details["builds_pruned"] == 3
