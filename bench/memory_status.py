@@ -47,6 +47,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=10_000)
     parser.add_argument("--loads", type=int, default=30, help="page loads measured")
     parser.add_argument("--keep", action="store_true", help="keep the bench database")
+    parser.add_argument("--unchanged", action="store_true",
+                        help="measure with nothing changed since the build (else 25 pairs "
+                             "flagged and 5 Blinks written since)")
     return parser.parse_args()
 
 
@@ -141,12 +144,15 @@ def first_build(app, user_id: int) -> None:
         db.session.remove()
 
 
-def change_a_little(app, owner_url: str, user_id: int) -> None:
-    """What the dry run should find: 25 pairs flagged, 5 Blinks written since."""
+def change_a_little(app, owner_url: str, user_id: int, *, nothing: bool = False) -> None:
+    """What the dry run should find: 25 pairs flagged, 5 Blinks written since (or, with
+    ``nothing``, no change at all)."""
     from dashboard.blinks.models import Blink
     from dashboard.orbitpilot.models import Message
     from dashboard.queues import build_queue
 
+    if nothing:
+        return _analyze(owner_url)
     with app.app_context():
         ids = db.session.scalars(select(Message.id).where(
             Message.user_id == user_id, Message.role == "user").order_by(Message.id)
@@ -158,6 +164,10 @@ def change_a_little(app, owner_url: str, user_id: int) -> None:
         db.session.commit()  # the Blinks' ORM flush requests a build: it stays queued
         build_queue().rq().empty()
         db.session.remove()
+    return _analyze(owner_url)
+
+
+def _analyze(owner_url: str) -> None:
     # Statistics, as a live database has them (the app role owns no table to ANALYZE).
     owner = create_engine(owner_url, isolation_level="AUTOCOMMIT")
     with owner.connect() as conn:
@@ -233,7 +243,7 @@ def main() -> int:
     try:
         user_id = make_user(app, args.pairs)
         first_build(app, user_id)
-        change_a_little(app, owner_url, user_id)
+        change_a_little(app, owner_url, user_id, nothing=args.unchanged)
         median, high = bench_page(app, user_id, args.loads)
         met = high < TARGET_MS
         print(f"\ntarget: a page load under {TARGET_MS:.0f} ms with {args.pairs:,} pairs — "

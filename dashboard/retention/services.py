@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, delete, exists, func, select
+from sqlalchemy import Select, delete, exists, func, select, union
 from sqlalchemy.orm import Session
 
 from dashboard.audit.services import Actor, changes, record_event
@@ -292,18 +292,18 @@ def _purge_plan(session: Session, plan: Plan, now: datetime, run: RetentionRun) 
 
 
 def _aged_users(session: Session, plan: Plan, now: datetime, after: int) -> list[int]:
-    """A batch of the plan's users (ids above ``after``) whose memory holds a record its
-    windows leave out."""
+    """The next batch of the plan's users (ids above ``after``, in order) whose memory
+    holds a record its windows leave out."""
     windows = retention_of(plan.retention)
     if not windows:
         return []
-    selections = [aged_chunks(plan, key, days, now).where(MemoryChunk.user_id > after)
+    selections = [select(aged_chunks(plan, key, days, now)
+                         .where(MemoryChunk.user_id > after).subquery().c.user_id)
                   for key, days in windows.items()]
-    users = select(selections[0].subquery().c.user_id).distinct()
-    for extra in selections[1:]:
-        users = users.union(select(extra.subquery().c.user_id))
-    ids = sorted(session.scalars(users))
-    return ids[:USER_BATCH]
+    users = union(*selections).subquery() if len(selections) > 1 \
+        else selections[0].distinct().subquery()
+    return list(session.scalars(select(users.c.user_id).order_by(users.c.user_id)
+                                .limit(USER_BATCH)))
 
 
 def _prune(session: Session, now: datetime, config: Mapping[str, Any],

@@ -403,3 +403,27 @@ def test_the_run_prunes_old_build_records_but_each_users_latest_success_and_old_
     event = db_session.scalars(select(AuditEvent).where(AuditEvent.action == "retention.apply")
                                .order_by(AuditEvent.seq.desc())).first()
     assert event.details["builds_pruned"] == 3
+
+
+def test_the_run_asks_each_aged_user_once_across_windows_and_batches(db_session,
+                                                                      monkeypatch):
+    from dashboard.retention import services
+
+    monkeypatch.setattr(services, "USER_BATCH", 2)
+    plan = chat_plan(db_session)
+    plan.retention = {CHAT_HISTORY: 30, BLINKS: 30}
+    people = [make_user(db_session, plan=plan) for _ in range(5)]
+    for n, person in enumerate(people):
+        _, messages = make_conversation(db_session, person, [("q", "a")])
+        blink = make_blink(db_session, person)
+        aged(db_session, [messages[0]] if n % 2 else [blink], 40)
+    for person in people:  # stored before the plan kept 30 days
+        plan.retention = {}
+        build(db_session, person, "full")
+    plan.retention = {CHAT_HISTORY: 30, BLINKS: 30}
+    settle(db_session)
+    run = apply_retention(db_session)
+    assert run.builds_requested == 5
+    assert sorted(db_session.scalars(select(MemoryBuild.user_id).where(
+        MemoryBuild.status == "queued", MemoryBuild.trigger == "retention"))) == \
+        sorted(p.id for p in people)
