@@ -37,6 +37,7 @@ from dashboard.memory.models import (
     BUILD_MODES,
     BUILD_STATUSES,
     BUILD_TRIGGERS,
+    DeletedPart,
     MemoryBuild,
     MemoryChunk,
     MemoryState,
@@ -76,7 +77,7 @@ __all__ = [
     "sweep_builds", "VIOLATION_KINDS", "VerifyReport", "last_verification", "verify_memory",
     # what they run with
     "BUILD_MODES", "BUILD_STATUSES", "BUILD_TRIGGERS", "OWN_CUT", "BuildQueue", "Embedder",
-    "Call", "EngineSettings", "MemoryBuild", "MemoryChunk", "defer_job",
+    "Call", "DeletedPart", "EngineSettings", "MemoryBuild", "MemoryChunk", "defer_job",
     "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",
     "match_distance", "preload_embedder", "recall_cut", "settings_from",
 ]

@@ -23,11 +23,15 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
 from dashboard.models_base import created_at_column
+from dashboard.sources import CHAT_HISTORY
 
 if TYPE_CHECKING:
     from dashboard.auth.models import User
 
 EMBEDDING_DIMENSIONS = 384
+# The conversation a chat chunk belongs to (``source_id`` is "<conversation>:<pair>"),
+# spelled exactly as its index is, so the planner matches the two.
+CHAT_PART = "(split_part(source_id, ':', 1)::integer)"
 BUILD_MODES = ("quick", "full")
 BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
 # What asked for a build. content_change: content, flags or deletions the user (or the
@@ -46,6 +50,12 @@ class MemoryChunk(db.Model):
         UniqueConstraint("user_id", "source_key", "source_id", "chunk_index", "content_hash",
                          name="uq_memory_chunks_key"),
         Index("ix_memory_chunks_user_id_source_key", "user_id", "source_key"),
+        # A user's chat chunks by conversation and by record time: the dry run reaches
+        # the changed conversations' chunks, and the aged ones, without reading the rest.
+        Index("ix_memory_chunks_chat_part", "user_id", text(CHAT_PART),
+              postgresql_where=text(f"source_key = '{CHAT_HISTORY}'")),
+        Index("ix_memory_chunks_chat_record_at", "user_id", "record_at",
+              postgresql_where=text(f"source_key = '{CHAT_HISTORY}'")),
         # HNSW over the rows of users large enough to need it (``ann``), and no others:
         # every other user's rows are written at COPY speed and scanned exactly.
         Index(
@@ -168,3 +178,22 @@ class MemoryVerification(db.Model):
     violations: Mapped[int] = mapped_column(Integer)
     users_with_violations: Mapped[int] = mapped_column(Integer)
     repairs_requested: Mapped[int] = mapped_column(Integer)
+
+
+class DeletedPart(db.Model):
+    """A tombstone: a part of a source in parts (a conversation) was deleted, by the
+    transaction ``xid``. Written by a trigger on the parts' table; a build or a dry run
+    reads the tombstones its note's snapshot could not see, instead of every chunk."""
+
+    __tablename__ = "deleted_parts"
+    __table_args__ = (Index("ix_deleted_parts_user_id_xid", "user_id", "xid"),)
+
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    source_key: Mapped[str] = mapped_column(String(64))
+    # No foreign key: written by a trigger while the account may be going too; the
+    # tombstones of a deleted user's parts are pruned with the rest.
+    user_id: Mapped[int] = mapped_column(Integer)
+    part_id: Mapped[int] = mapped_column(Integer)
+    xid: Mapped[int] = mapped_column(BigInteger)
+    deleted_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=text("clock_timestamp()"))

@@ -15,7 +15,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgvector.psycopg import register_vector
-from sqlalchemy import Integer, Text, bindparam, delete, func, literal, or_, select, text, update
+from sqlalchemy import (
+    Integer,
+    Text,
+    bindparam,
+    delete,
+    func,
+    literal,
+    literal_column,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
@@ -23,10 +35,10 @@ from sqlalchemy.orm import Session
 from dashboard.memory.chunking import chunk_text, content_hash
 from dashboard.memory.embedders import Embedder
 from dashboard.memory.locks import lock_user
-from dashboard.memory.models import MemoryChunk, MemoryState
+from dashboard.memory.models import CHAT_PART, DeletedPart, MemoryChunk, MemoryState
 from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
-from dashboard.sources import Parts, Record, extract, get_source, source_keys
+from dashboard.sources import CHAT_HISTORY, Parts, Record, extract, get_source, source_keys
 
 ChunkKey = tuple[str, str, int, str]  # (source_key, source_id, chunk_index, content_hash)
 
@@ -255,21 +267,29 @@ _UNSEEN = (
     "pg_current_xact_id_if_assigned()::text::bigint)")
 
 
-def _unseen(parts: Parts, snapshot: str) -> Any:
-    column = getattr(parts.model, parts.stamp).expression
+def _unseen_stamp(column: Any, snapshot: str) -> Any:
     return text(_UNSEEN.format(stamp=f"{column.table.name}.{column.name}")).bindparams(
         snapshot=snapshot)
+
+
+def _unseen(parts: Parts, snapshot: str) -> Any:
+    return _unseen_stamp(getattr(parts.model, parts.stamp).expression, snapshot)
+
+
+# The chat chunks' conversation and source, as literals: the partial indexes on them are
+# then usable whatever plan a prepared statement gets.
+_CHAT_PART = literal_column(CHAT_PART.replace("source_id", "memory_chunks.source_id"), Integer)
 
 
 def _compare_changed_parts(session: Session, user_id: int, source_key: str, parts: Parts,
                            snapshot: str, stored_total: int, comparison: Comparison,
                            cutoff: datetime | None = None) -> None:
     """A source re-read for the parts (chat history: conversations) written by a
-    transaction the last build could not see; the chunks of a part that no longer exists
-    are removals; every other stored chunk is kept, as nothing it was made from has
-    changed. Two statements whatever changed: the changed parts' records, and the stored
-    chunks of changed or deleted parts, or older than ``cutoff`` (the plan's retention
-    window), in one pass over the source's chunks."""
+    transaction the last build could not see; the chunks of parts deleted since (their
+    tombstones) are removals, and so are chunks older than ``cutoff`` (the plan's
+    retention window); every other stored chunk is kept, as nothing it was made from has
+    changed. What it reads grows with what changed: with nothing changed, two small
+    reads (changed parts, tombstones) and no chunk at all."""
     part_id = parts.model.id  # type: ignore[attr-defined]
     owner = getattr(parts.model, parts.owner)
     # Read once, as a list: each statement of a build sees the database as of its own
@@ -279,34 +299,42 @@ def _compare_changed_parts(session: Session, user_id: int, source_key: str, part
     # not visible in this build's snapshot, so the next build re-reads it.
     changed = list(session.scalars(select(part_id).where(owner == user_id,
                                                          _unseen(parts, snapshot))))
-    part_of = func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
-    # Uncorrelated: one hashed subplan, probed per chunk (a correlated EXISTS was an
-    # index probe per chunk, 3x slower at 10,000 chunks).
-    owned = select(part_id).where(owner == user_id)
-    exists_still = part_of.in_(owned)
+    tombstoned = set(session.scalars(select(DeletedPart.part_id).where(
+        DeletedPart.user_id == user_id, DeletedPart.source_key == source_key,
+        _unseen_stamp(DeletedPart.__table__.c.xid, snapshot))))
+    counts = comparison.counts[source_key]
+    if not changed and not tombstoned and cutoff is None:
+        counts[2] += stored_total
+        return
+    part_of = _CHAT_PART if source_key == CHAT_HISTORY else \
+        func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
+    aged = MemoryChunk.record_at < cutoff if cutoff is not None else literal(False)
+    # A part deleted between the read above and the chunks' read below: ``exists_still``
+    # is evaluated with the chunks, so its chunks go and nothing of it goes back in.
+    exists_still = part_of.in_(select(part_id).where(owner == user_id))
     fresh = fresh_chunks(parts.extract(session, user_id, changed), {source_key: cutoff}
                          if cutoff else None) if changed else Fresh()
     comparison.ages.update(fresh.ages)
-    aged = MemoryChunk.record_at < cutoff if cutoff is not None else literal(False)
     stored: dict[ChunkKey, int] = {}
-    gone: set[str] = set()
-    counts = comparison.counts[source_key]
+    gone: set[str] = {str(part) for part in tombstoned}
+    wanted = [*changed, *tombstoned]
     for row in session.execute(
         select(MemoryChunk.id, MemoryChunk.source_key, MemoryChunk.source_id,
                MemoryChunk.chunk_index, MemoryChunk.content_hash,
                exists_still.label("exists_still"), func.coalesce(aged, False).label("aged"))
-        .where(MemoryChunk.user_id == user_id, MemoryChunk.source_key == source_key,
-               or_(part_of.in_(changed), part_of.not_in(owned), aged))
+        .where(MemoryChunk.user_id == user_id,
+               MemoryChunk.source_key == literal_column(f"'{source_key}'")
+               if source_key == CHAT_HISTORY else MemoryChunk.source_key == source_key,
+               or_(part_of.in_(wanted), aged) if wanted else aged)
     ):
-        if row.aged:  # older than the plan keeps: it goes, its part stays
+        part = row.source_id.partition(":")[0]
+        if row.aged or part in gone or not row.exists_still:
             comparison.stale_ids.append(row.id)
             counts[1] += 1
-        elif row.exists_still:
-            stored[_key(row)] = row.id
+            if not row.exists_still:
+                gone.add(part)
         else:
-            comparison.stale_ids.append(row.id)
-            gone.add(row.source_id.partition(":")[0])
-            counts[1] += 1
+            stored[_key(row)] = row.id
     if gone:  # deleted after its records were read: nothing of it goes back in
         fresh = {key: piece for key, piece in fresh.items()
                  if key[1].partition(":")[0] not in gone}

@@ -25,7 +25,7 @@ from dashboard.connectors.models import ConnectorAccess
 from dashboard.holds import LegalHold, held_users, hold_condition, is_held
 from dashboard.memories.models import SCOPES, ForgetMarker, Memory
 from dashboard.memories.services import forget_memory
-from dashboard.memory import MemoryBuild, MemoryChunk, request_builds
+from dashboard.memory import DeletedPart, MemoryBuild, MemoryChunk, MemoryState, request_builds
 from dashboard.plans.models import Plan
 from dashboard.plans.services import retention_of, users_of_plan
 from dashboard.refusals import Conflict, FieldError
@@ -241,17 +241,19 @@ class RetentionRun:
     completed: int = 0  # erasures completed after their hold ended
     builds_pruned: int = 0
     access_pruned: int = 0
+    tombstones_pruned: int = 0
     per_plan: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def did_anything(self) -> bool:
         return any((self.builds_requested, self.purged, self.held, self.completed,
-                    self.builds_pruned, self.access_pruned))
+                    self.builds_pruned, self.access_pruned, self.tombstones_pruned))
 
     def summary(self) -> dict[str, int]:
         return {"builds_requested": self.builds_requested, "purged": self.purged,
                 "held": self.held, "completed": self.completed,
-                "builds_pruned": self.builds_pruned, "access_pruned": self.access_pruned}
+                "builds_pruned": self.builds_pruned, "access_pruned": self.access_pruned,
+                "tombstones_pruned": self.tombstones_pruned}
 
 
 def complete_released(session: Session, *, user_id: int | None = None,
@@ -324,6 +326,15 @@ def _prune(session: Session, now: datetime, config: Mapping[str, Any],
             session.commit()
             if pruned < PRUNE_BATCH:
                 break
+    # Tombstones of deleted conversations, once a build that read after them ran (a day
+    # later, well past any snapshot of the deleting transaction), or of a deleted user.
+    run.tombstones_pruned = session.execute(delete(DeletedPart).where(
+        DeletedPart.deleted_at < now - timedelta(days=7),
+        ~exists().where(User.id == DeletedPart.user_id)
+        | exists().where(MemoryState.user_id == DeletedPart.user_id,
+                         MemoryState.inputs_read_at > DeletedPart.deleted_at
+                         + timedelta(days=1)))).rowcount or 0
+    session.commit()
     if access_days:
         while True:
             batch = (select(ConnectorAccess.id)

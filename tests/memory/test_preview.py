@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from sqlalchemy import delete, update
+from sqlalchemy import delete, text, update
 from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
@@ -187,3 +187,50 @@ def test_every_build_records_what_its_chunks_reflect(world):
     build(session, user, embedder=EMBEDDER, commit=True)
     session.expire_all()
     assert session.get(MemoryState, user.id).included_keys == ["orbitpilot.profile"]
+
+
+def _chat_chunk_reads(statements) -> list[str]:
+    """The statements that read memory_chunks row by row, other than the grouped count
+    and the read of the sources compared whole (filtered to their keys)."""
+    return [s for s in statements if "FROM memory_chunks" in s and "count(" not in s
+            and "memory_chunks.source_key IN (" not in s]
+
+
+def test_with_nothing_changed_the_dry_run_reads_no_chat_chunk_whatever_the_size(
+        committed, count_queries):
+    session = committed.session
+    plan = committed.plan(cap=5)
+    small, big = committed.user(plan=plan), committed.user(plan=plan)
+    make_conversation(session, small, [("q", "a")])
+    for c in range(20):
+        make_conversation(session, big, [(f"q{c}.{i}", f"a{c}.{i}") for i in range(10)])
+    session.commit()
+    for user in (small, big):
+        build(session, user, embedder=EMBEDDER, commit=True)
+    reads = {}
+    for user in (small, big):
+        session.expire_all()
+        with count_queries() as q:
+            preview_memory_build(user, session=session, embedder_name=EMBEDDER.name)
+        reads[user.id] = q.statements
+    assert len(reads[small.id]) == len(reads[big.id])
+    assert not _chat_chunk_reads(reads[big.id])
+    assert _chat_chunk_reads(reads[big.id]) == _chat_chunk_reads(reads[small.id])
+
+
+def test_a_deleted_conversation_is_found_by_its_tombstone_through_the_index(world):
+    session, user, _, conversations = world
+    build(session, user, embedder=EMBEDDER, commit=True)
+    (_, _), (_, _), (conv2, _) = conversations
+    session.execute(delete(Conversation).where(Conversation.id == conv2.id))
+    session.commit()
+    assert dry_run(session, user)[CHAT_HISTORY] == (0, 4, 8)
+    plan = session.execute(text(
+        "EXPLAIN SELECT id FROM memory_chunks WHERE user_id = :u "
+        "AND source_key = 'orbitpilot.chat_history' "
+        "AND (split_part(memory_chunks.source_id, ':', 1)::integer) IN (:p)"),
+        {"u": user.id, "p": conv2.id}).scalars().all()
+    assert any("ix_memory_chunks_chat_part" in line for line in plan), plan
+    result = build(session, user, embedder=EMBEDDER, commit=True)
+    assert result.per_source[CHAT_HISTORY]["removed"] == 4
+    assert dry_run(session, user)[CHAT_HISTORY] == (0, 0, 8)

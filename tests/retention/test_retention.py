@@ -17,7 +17,7 @@ from dashboard.connectors.models import ConnectorAccess
 from dashboard.holds import HoldError, is_held, place_hold, release_hold
 from dashboard.memories import services as memories
 from dashboard.memories.models import ForgetMarker, Memory
-from dashboard.memory import MemoryBuild, MemoryChunk, verify_memory
+from dashboard.memory import DeletedPart, MemoryBuild, MemoryChunk, verify_memory
 from dashboard.memory.pipeline import preview_memory_build
 from dashboard.memory.verify import RETENTION_GRACE
 from dashboard.orbitpilot.models import Message
@@ -393,8 +393,17 @@ def test_the_run_prunes_old_build_records_but_each_users_latest_success_and_old_
              for n, at in enumerate((old, datetime.now(UTC)))]
     db_session.add_all(reads)
     db_session.flush()
+    build(db_session, user, "full")  # its note: inputs read now
+    db_session.add_all([
+        DeletedPart(source_key=CHAT_HISTORY, user_id=user.id, part_id=1, xid=1,
+                    deleted_at=datetime.now(UTC) - timedelta(days=10)),
+        DeletedPart(source_key=CHAT_HISTORY, user_id=user.id, part_id=2, xid=1,
+                    deleted_at=datetime.now(UTC) - timedelta(hours=1))])
+    db_session.flush()
     run = apply_retention(db_session, config={"BUILD_RECORD_DAYS": 180,
                                               "ACCESS_LOG_DAYS": 90})
+    assert db_session.scalars(select(DeletedPart.part_id).where(
+        DeletedPart.user_id == user.id)).all() == [2] and run.tombstones_pruned == 1
     left = db_session.scalars(select(MemoryBuild.id).where(MemoryBuild.user_id == user.id)
                               .execution_options(populate_existing=True)).all()
     assert left == [records[2].id] and run.builds_pruned == 3
