@@ -80,12 +80,16 @@ class RetentionView(RoleGate, BaseView):
     def index(self) -> Any:
         return self._index()
 
+    def _form(self) -> tuple[Plan, dict[str, int], int]:
+        """An admin's POST: the plan, its windows and restore window (``RetentionError``
+        for a bad value)."""
+        _admin_only()
+        return self._plan(), *parse_retention(request.form)
+
     @expose("/preview", methods=["POST"])
     def preview(self) -> Any:
-        _admin_only()
-        plan = self._plan()
         try:
-            windows, restore = parse_retention(request.form)
+            plan, windows, restore = self._form()
         except RetentionError as exc:
             return self._index(exc.sentence, exc.field, 400)
         return self._preview(plan, windows, restore)
@@ -99,10 +103,8 @@ class RetentionView(RoleGate, BaseView):
 
     @expose("/apply", methods=["POST"])
     def apply(self) -> Any:
-        _admin_only()
-        plan = self._plan()
         try:
-            windows, restore = parse_retention(request.form)
+            plan, windows, restore = self._form()
         except RetentionError as exc:
             return self._index(exc.sentence, exc.field, 400)
         try:

@@ -486,6 +486,16 @@ def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, a
     return receipt_of(session, marker, audit_hash=event.hash)
 
 
+def _soft_delete(session: Session, memory: Memory, metadata: Any) -> int:
+    """Snapshot, mark deleted, version + 1, chunks gone: how many chunks went."""
+    _snapshot(session, memory)
+    memory.status, memory.deleted_at = "deleted", datetime.now(UTC)
+    if metadata is not None:
+        memory.metadata_ = metadata
+    memory.version += 1
+    return _forget_chunks(session, memory)
+
+
 def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: object,
                   actor: Actor, scopes: list[str] | None = None, reason: object = None,
                   replacement_content: object = None, metadata: object = None) -> Receipt:
@@ -519,12 +529,7 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
         if memory.status != "active":
             raise MemoryConflict(f"Only an active memory can be deleted; this one is "
                                  f"{memory.status}.")
-        _snapshot(session, memory)
-        memory.status, memory.deleted_at = "deleted", datetime.now(UTC)
-        if metadata is not None:
-            memory.metadata_ = metadata
-        memory.version += 1
-        chunks = _forget_chunks(session, memory)
+        chunks = _soft_delete(session, memory, metadata)
         receipt = _mark(session, memory, mode=mode, reason=reason, actor=actor,
                        from_status=from_status, to_status="deleted", removed_chunks=chunks)
     elif mode == "redact":
@@ -589,12 +594,7 @@ def _defer_for_hold(session: Session, memory: Memory, *, mode: str, reason: str,
         raise MemoryConflict(HELD_ALREADY)
     from_status, chunks = memory.status, 0
     if memory.status == "active":
-        _snapshot(session, memory)
-        memory.status, memory.deleted_at = "deleted", datetime.now(UTC)
-        if metadata is not None:
-            memory.metadata_ = metadata
-        memory.version += 1
-        chunks = _forget_chunks(session, memory)
+        chunks = _soft_delete(session, memory, metadata)
     session.flush()
     return _mark(session, memory, mode=mode, reason=reason, actor=actor,
                  from_status=from_status, to_status=memory.status, removed_chunks=chunks,
