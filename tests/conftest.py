@@ -71,15 +71,39 @@ def dirty_paths(root: Path = REPOSITORY) -> set[str]:
     return set(done.stdout.splitlines()) if done.returncode == 0 else set()
 
 
+def is_xdist_worker(config) -> bool:
+    """A pytest-xdist worker (``-n``): the controller starts it and runs the session hooks
+    that speak for the whole run."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config):
+    # Under pytest-xdist a worker is given a folder under the controller's (.../popen-gw0).
     if config.option.basetemp is None:
         config.option.basetemp = str(RUN_TEMP)
-    config.stash[DIRT_BEFORE] = dirty_paths()
+    if is_xdist_worker(config):
+        # The URL walk's seed is the controller's: the one the report header shows.
+        config.option.walk_seed = config.workerinput.get("walk_seed", config.option.walk_seed)
+    else:
+        if os.environ.get("TEST_DATABASE_URL") and getattr(config.option, "numprocesses", 0):
+            # One database that every worker would migrate and wipe at once.
+            raise pytest.UsageError("TEST_DATABASE_URL names one database: run the suite "
+                                    "in one process (without -n)")
+        config.stash[DIRT_BEFORE] = dirty_paths()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, in the controller, before a worker starts."""
+    node.workerinput["walk_seed"] = node.config.getoption("walk_seed")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # A run that leaves the checkout dirty fails, whatever its tests said.
-    left = dirty_paths() - session.config.stash.get(DIRT_BEFORE, set())
+    # A run that leaves the checkout dirty fails, whatever its tests said. Under xdist the
+    # controller looks, once every worker is done: a worker looking meanwhile would take a
+    # sibling's test at work (test_scripts.py leaves a file for a moment, on purpose) for dirt.
+    left = set() if is_xdist_worker(session.config) else \
+        dirty_paths() - session.config.stash.get(DIRT_BEFORE, set())
     if left:
         session.config.get_terminal_writer().line(
             "the test run left the checkout dirty (git status):\n  " + "\n  ".join(sorted(left)),
