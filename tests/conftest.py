@@ -36,6 +36,11 @@ os.environ["EMBEDDER"] = "hashing"
 # beside a local run) never drop each other's schema. Left-overs of dead runs are dropped.
 TEST_DATABASE_PREFIX = "orbitpilot_test_"
 TEST_DATABASE = f"{TEST_DATABASE_PREFIX}{os.getpid()}"
+# A pytest-xdist worker ("gw0", "gw1"; scripts/test runs the suite on every core) has
+# embedded servers of its own besides: PostgreSQL's snapshots span the whole server, so a
+# sibling's transactions would change what a test reads (the Memory Status page's dry run
+# re-reads what a concurrent transaction might have hidden from the last build).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 # The audit anchors' key for every app and process of a run: none is generated into the
 # repository's instance folder.
 TEST_ANCHOR_KEY = "test-audit-anchor-key"
@@ -149,6 +154,8 @@ def make_test_config(**overrides) -> dict:
         "RATELIMIT_STORAGE_OPTIONS": {"key_prefix": f"LIMITS-test-{os.getpid()}",
                                       "socket_connect_timeout": 2, "socket_timeout": 2},
     }
+    if XDIST_WORKER:
+        config["EMBEDDED_DIR"] = f"{embedded_dir()}-{XDIST_WORKER}"
     if os.environ.get("TEST_DATABASE_URL"):
         config["SQLALCHEMY_DATABASE_URI"] = os.environ["TEST_DATABASE_URL"]
         config["MIGRATIONS_DATABASE_URI"] = os.environ.get("TEST_DATABASE_OWNER_URL") \
@@ -157,6 +164,12 @@ def make_test_config(**overrides) -> dict:
         config["REDIS_URL"] = os.environ["TEST_REDIS_URL"]
     config.update(overrides)
     return config
+
+
+def embedded_dir() -> Path:
+    """Where the app keeps its embedded servers by default (dashboard/config.py)."""
+    instance = Path(os.environ.get("ORBITPILOT_INSTANCE") or REPOSITORY / "instance")
+    return Path(os.environ.get("ORBITPILOT_EMBEDDED_DIR") or instance / "services").resolve()
 
 
 def server_admin_url(app) -> str:
