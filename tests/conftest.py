@@ -36,6 +36,11 @@ os.environ["EMBEDDER"] = "hashing"
 # beside a local run) never drop each other's schema. Left-overs of dead runs are dropped.
 TEST_DATABASE_PREFIX = "orbitpilot_test_"
 TEST_DATABASE = f"{TEST_DATABASE_PREFIX}{os.getpid()}"
+# A pytest-xdist worker ("gw0", "gw1"; scripts/test runs the suite on every core) has
+# embedded servers of its own besides: PostgreSQL's snapshots span the whole server, so a
+# sibling's transactions would change what a test reads (the Memory Status page's dry run
+# re-reads what a concurrent transaction might have hidden from the last build).
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 # The audit anchors' key for every app and process of a run: none is generated into the
 # repository's instance folder.
 TEST_ANCHOR_KEY = "test-audit-anchor-key"
@@ -71,15 +76,39 @@ def dirty_paths(root: Path = REPOSITORY) -> set[str]:
     return set(done.stdout.splitlines()) if done.returncode == 0 else set()
 
 
+def is_xdist_worker(config) -> bool:
+    """A pytest-xdist worker (``-n``): the controller starts it and runs the session hooks
+    that speak for the whole run."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_configure(config):
+    # Under pytest-xdist a worker is given a folder under the controller's (.../popen-gw0).
     if config.option.basetemp is None:
         config.option.basetemp = str(RUN_TEMP)
-    config.stash[DIRT_BEFORE] = dirty_paths()
+    if is_xdist_worker(config):
+        # The URL walk's seed is the controller's: the one the report header shows.
+        config.option.walk_seed = config.workerinput.get("walk_seed", config.option.walk_seed)
+    else:
+        if os.environ.get("TEST_DATABASE_URL") and getattr(config.option, "numprocesses", 0):
+            # One database that every worker would migrate and wipe at once.
+            raise pytest.UsageError("TEST_DATABASE_URL names one database: run the suite "
+                                    "in one process (without -n)")
+        config.stash[DIRT_BEFORE] = dirty_paths()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, in the controller, before a worker starts."""
+    node.workerinput["walk_seed"] = node.config.getoption("walk_seed")
 
 
 def pytest_sessionfinish(session, exitstatus):
-    # A run that leaves the checkout dirty fails, whatever its tests said.
-    left = dirty_paths() - session.config.stash.get(DIRT_BEFORE, set())
+    # A run that leaves the checkout dirty fails, whatever its tests said. Under xdist the
+    # controller looks, once every worker is done: a worker looking meanwhile would take a
+    # sibling's test at work (test_scripts.py leaves a file for a moment, on purpose) for dirt.
+    left = set() if is_xdist_worker(session.config) else \
+        dirty_paths() - session.config.stash.get(DIRT_BEFORE, set())
     if left:
         session.config.get_terminal_writer().line(
             "the test run left the checkout dirty (git status):\n  " + "\n  ".join(sorted(left)),
@@ -125,6 +154,8 @@ def make_test_config(**overrides) -> dict:
         "RATELIMIT_STORAGE_OPTIONS": {"key_prefix": f"LIMITS-test-{os.getpid()}",
                                       "socket_connect_timeout": 2, "socket_timeout": 2},
     }
+    if XDIST_WORKER:
+        config["EMBEDDED_DIR"] = f"{embedded_dir()}-{XDIST_WORKER}"
     if os.environ.get("TEST_DATABASE_URL"):
         config["SQLALCHEMY_DATABASE_URI"] = os.environ["TEST_DATABASE_URL"]
         config["MIGRATIONS_DATABASE_URI"] = os.environ.get("TEST_DATABASE_OWNER_URL") \
@@ -133,6 +164,12 @@ def make_test_config(**overrides) -> dict:
         config["REDIS_URL"] = os.environ["TEST_REDIS_URL"]
     config.update(overrides)
     return config
+
+
+def embedded_dir() -> Path:
+    """Where the app keeps its embedded servers by default (dashboard/config.py)."""
+    instance = Path(os.environ.get("ORBITPILOT_INSTANCE") or REPOSITORY / "instance")
+    return Path(os.environ.get("ORBITPILOT_EMBEDDED_DIR") or instance / "services").resolve()
 
 
 def server_admin_url(app) -> str:

@@ -84,9 +84,13 @@ def normalised(response) -> str:
 
 # -- access -----------------------------------------------------------------------------
 
+# A memory id nobody has, fixed: test ids are the same in every process (pytest-xdist).
+NO_SUCH_MEMORY = "5b0e8c3a-2f4d-4e6b-9a1c-7d3f0e2b4a68"
+
+
 @pytest.mark.parametrize("path", [
-    INDEX, f"/memories/{uuid.uuid4()}", f"/memories/{uuid.uuid4()}/forget?mode=redact",
-    f"/memories/{uuid.uuid4()}/restore", "/memories/receipts/1",
+    INDEX, f"/memories/{NO_SUCH_MEMORY}", f"/memories/{NO_SUCH_MEMORY}/forget?mode=redact",
+    f"/memories/{NO_SUCH_MEMORY}/restore", "/memories/receipts/1",
 ])
 def test_guests_are_sent_to_sign_in(client, path):
     response = client.get(path)
@@ -485,7 +489,7 @@ def test_someone_elses_memory_is_a_404_like_an_unknown_one(client, db_session, o
 
 
 @pytest.mark.parametrize("raw", ["abc", "1", "-1", str(2**64), "00000000-0000",
-                                 f"{uuid.uuid4()}x"])
+                                 f"{NO_SUCH_MEMORY}x"])
 def test_a_malformed_memory_id_is_a_404(client, owner, raw):
     token = csrf_from(client, INDEX)
     for method, path, data in _routes(raw):
