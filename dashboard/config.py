@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,20 +22,35 @@ def _env(name: str, default: Any, coercer: Callable[[str], Any] = str) -> Any:
 
 
 def _instance_secret_key(instance_path: Path, name: str = "secret_key") -> str:
-    """A key generated once and kept under instance/, so sessions survive restarts."""
+    """A key generated once and kept under instance/, so sessions survive restarts.
+
+    Written whole to a file of its own, then linked into place (atomic): processes that
+    start at once (web workers, test workers) all read the one key that won, never a file
+    another is still writing."""
     path = instance_path / name
-    if path.exists():
-        return path.read_text().strip()
-    instance_path.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_hex(32)
-    # O_EXCL: when two processes start at once, the loser reads the winner's key.
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as fh:
-        fh.write(key)
-    return key
+    for _ in range(100):
+        if path.exists():
+            key = path.read_text().strip()
+            if key:
+                return key
+            time.sleep(0.05)  # an older release's writer, between create and write
+            continue
+        instance_path.mkdir(parents=True, exist_ok=True)
+        key = secrets.token_hex(32)
+        spare = instance_path / f".{name}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(key)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(spare, path)
+            return key
+        except FileExistsError:
+            continue  # another process's key is in place: read it
+        finally:
+            spare.unlink(missing_ok=True)
+    raise RuntimeError(f"{path} is empty: remove it, and a new key is made")
 
 
 def settings_from_env(instance_path: Path) -> dict[str, Any]:
