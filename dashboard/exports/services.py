@@ -40,12 +40,13 @@ from dashboard.blinks.models import Blink
 from dashboard.connectors.models import ConnectorAccess, OAuthClient, OAuthGrant
 from dashboard.documents.models import Document
 from dashboard.exports.models import DataExport, DataExportPart
+from dashboard.ids import find_owned
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import Call, MemoryBuild, MemoryChunk, defer_job
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
-from dashboard.refusals import NotFound, TooSoon
+from dashboard.refusals import Gone, NotFound, TooSoon
 
 LINK_HOURS = 24
 PART_BYTES = 1024 * 1024
@@ -60,8 +61,8 @@ class ExportNotFound(NotFound):
     """Not an export of this user's (the same answer for someone else's and for none)."""
 
 
-class ExportGone(NotFound):
-    kind = "gone"
+class ExportGone(Gone):
+    """Its 24 hours are over and its copy is deleted."""
 
 
 def export_job_id(export_id: int) -> str:
@@ -87,9 +88,16 @@ def _cols(*columns: Any) -> tuple[Any, ...]:
 
 
 def _section(name: str, title: str, description: str, columns: tuple[Any, ...],
-             where: Callable[[int], Any], order: tuple[Any, ...]) -> Section:
-    return Section(name, title, description, columns,
-                   lambda uid: select(*columns).where(where(uid)).order_by(*order))
+             where: Callable[[int], Any], order: tuple[Any, ...],
+             join: tuple[Any, Any] | None = None) -> Section:
+    """``join``: (table, on) when the owner is on another table than the rows."""
+    def query(uid: int) -> Select:
+        rows = select(*columns)
+        if join is not None:
+            rows = rows.join(*join)
+        return rows.where(where(uid)).order_by(*order)
+
+    return Section(name, title, description, columns, query)
 
 
 SECTIONS: tuple[Section, ...] = (
@@ -108,17 +116,14 @@ SECTIONS: tuple[Section, ...] = (
                    Memory.created_at, Memory.updated_at, Memory.deleted_at,
                    Memory.redacted_at),
              lambda uid: Memory.owner_id == uid, (Memory.created_at, Memory.id)),
-    Section("memory_versions", "Earlier versions of saved memories",
-            "Each change kept the version before it; a redaction erased their content.",
-            _cols(MemoryVersion.memory_id, MemoryVersion.version, MemoryVersion.content,
-                  MemoryVersion.metadata_.label("metadata"), MemoryVersion.status,
-                  MemoryVersion.created_at),
-            lambda uid: select(MemoryVersion.memory_id, MemoryVersion.version,
-                               MemoryVersion.content, MemoryVersion.metadata_.label("metadata"),
-                               MemoryVersion.status, MemoryVersion.created_at)
-            .join(Memory, Memory.id == MemoryVersion.memory_id)
-            .where(Memory.owner_id == uid)
-            .order_by(MemoryVersion.memory_id, MemoryVersion.version)),
+    _section("memory_versions", "Earlier versions of saved memories",
+             "Each change kept the version before it; a redaction erased their content.",
+             _cols(MemoryVersion.memory_id, MemoryVersion.version, MemoryVersion.content,
+                   MemoryVersion.metadata_.label("metadata"), MemoryVersion.status,
+                   MemoryVersion.created_at),
+             lambda uid: Memory.owner_id == uid,
+             (MemoryVersion.memory_id, MemoryVersion.version),
+             join=(Memory, Memory.id == MemoryVersion.memory_id)),
     _section("conversations", "Conversations", "Your chats with OrbitPilot.",
              _cols(Conversation.id, Conversation.title, Conversation.status,
                    Conversation.created_at, Conversation.last_activity_at,
@@ -152,26 +157,19 @@ SECTIONS: tuple[Section, ...] = (
                    ForgetMarker.vacuumed_at, ForgetMarker.probed_at, ForgetMarker.probe_rows,
                    ForgetMarker.pending_hold, ForgetMarker.completed_by_id),
              lambda uid: ForgetMarker.owner_id == uid, (ForgetMarker.id,)),
-    Section("connected_apps", "Connected apps", "Apps you connected, and their access.",
-            _cols(OAuthGrant.id.label("grant_id"), OAuthClient.name.label("app"),
-                  OAuthGrant.scopes, OAuthGrant.created_at, OAuthGrant.last_used_at,
-                  OAuthGrant.calls, OAuthGrant.revoked_at),
-            lambda uid: select(OAuthGrant.id.label("grant_id"), OAuthClient.name.label("app"),
-                               OAuthGrant.scopes, OAuthGrant.created_at,
-                               OAuthGrant.last_used_at, OAuthGrant.calls,
-                               OAuthGrant.revoked_at)
-            .join(OAuthClient, OAuthClient.id == OAuthGrant.client_pk)
-            .where(OAuthGrant.user_id == uid).order_by(OAuthGrant.id)),
-    Section("app_reads", "What connected apps read",
-            "Each item a connected app was handed (never the question it asked).",
-            _cols(ConnectorAccess.grant_id, ConnectorAccess.tool, ConnectorAccess.source_key,
-                  ConnectorAccess.memory_id, ConnectorAccess.source_id,
-                  ConnectorAccess.created_at),
-            lambda uid: select(ConnectorAccess.grant_id, ConnectorAccess.tool,
-                               ConnectorAccess.source_key, ConnectorAccess.memory_id,
-                               ConnectorAccess.source_id, ConnectorAccess.created_at)
-            .join(OAuthGrant, OAuthGrant.id == ConnectorAccess.grant_id)
-            .where(OAuthGrant.user_id == uid).order_by(ConnectorAccess.id)),
+    _section("connected_apps", "Connected apps", "Apps you connected, and their access.",
+             _cols(OAuthGrant.id.label("grant_id"), OAuthClient.name.label("app"),
+                   OAuthGrant.scopes, OAuthGrant.created_at, OAuthGrant.last_used_at,
+                   OAuthGrant.calls, OAuthGrant.revoked_at),
+             lambda uid: OAuthGrant.user_id == uid, (OAuthGrant.id,),
+             join=(OAuthClient, OAuthClient.id == OAuthGrant.client_pk)),
+    _section("app_reads", "What connected apps read",
+             "Each item a connected app was handed (never the question it asked).",
+             _cols(ConnectorAccess.grant_id, ConnectorAccess.tool, ConnectorAccess.source_key,
+                   ConnectorAccess.memory_id, ConnectorAccess.source_id,
+                   ConnectorAccess.created_at),
+             lambda uid: OAuthGrant.user_id == uid, (ConnectorAccess.id,),
+             join=(OAuthGrant, OAuthGrant.id == ConnectorAccess.grant_id)),
     _section("api_keys", "API keys", "Keys to your memory (their secrets are never kept).",
              _cols(ApiKey.id, ApiKey.name, ApiKey.prefix, ApiKey.scopes, ApiKey.created_at,
                    ApiKey.expires_at, ApiKey.revoked_at, ApiKey.last_used_at),
@@ -280,12 +278,7 @@ def export_call(export_id: int) -> Call:
 
 
 def find_export(session: Session, user_id: int, export_id: Any) -> DataExport:
-    id_ = export_id if type(export_id) is int else None
-    if id_ is None and isinstance(export_id, str) and export_id.isascii() \
-            and export_id.isdigit() and len(export_id) < 19:
-        id_ = int(export_id)
-    export = session.scalars(select(DataExport).where(
-        DataExport.id == id_, DataExport.user_id == user_id)).first() if id_ else None
+    export = find_owned(session, DataExport, export_id, user_id, bits=64)
     if export is None:
         raise ExportNotFound("There is no such export among yours.")
     return export

@@ -38,7 +38,7 @@ from dashboard.memory.locks import lock_user
 from dashboard.memory.models import CHAT_PART, DeletedPart, MemoryChunk, MemoryState
 from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
-from dashboard.sources import CHAT_HISTORY, Parts, Record, extract, get_source, source_keys
+from dashboard.sources import Parts, Record, extract, get_source, source_keys
 
 ChunkKey = tuple[str, str, int, str]  # (source_key, source_id, chunk_index, content_hash)
 
@@ -293,9 +293,9 @@ def _unseen(parts: Parts, snapshot: str) -> Any:
     return _unseen_stamp(getattr(parts.model, parts.stamp).expression, snapshot)
 
 
-# The chat chunks' conversation and source, as literals: the partial indexes on them are
-# then usable whatever plan a prepared statement gets.
-_CHAT_PART = literal_column(CHAT_PART.replace("source_id", "memory_chunks.source_id"), Integer)
+# The part a chunk of a source in parts belongs to, spelled as the partial index on chat
+# chunks is, with literals: the index is usable whatever plan a prepared statement gets.
+_PART = literal_column(CHAT_PART.replace("source_id", "memory_chunks.source_id"), Integer)
 
 
 def _compare_changed_parts(session: Session, user_id: int, source_key: str, parts: Parts,
@@ -323,8 +323,7 @@ def _compare_changed_parts(session: Session, user_id: int, source_key: str, part
     if not changed and not tombstoned and cutoff is None:
         counts[2] += stored_total
         return
-    part_of = _CHAT_PART if source_key == CHAT_HISTORY else \
-        func.split_part(MemoryChunk.source_id, ":", 1).cast(Integer)
+    part_of = _PART
     aged = MemoryChunk.record_at < cutoff if cutoff is not None else literal(False)
     # A part deleted between the read above and the chunks' read below: ``exists_still``
     # is evaluated with the chunks, so its chunks go and nothing of it goes back in.
@@ -340,8 +339,8 @@ def _compare_changed_parts(session: Session, user_id: int, source_key: str, part
                MemoryChunk.chunk_index, MemoryChunk.content_hash,
                exists_still.label("exists_still"), func.coalesce(aged, False).label("aged"))
         .where(MemoryChunk.user_id == user_id,
-               MemoryChunk.source_key == literal_column(f"'{source_key}'")
-               if source_key == CHAT_HISTORY else MemoryChunk.source_key == source_key,
+               # A literal (a registry key, never input): the partial index's predicate.
+               MemoryChunk.source_key == literal_column(f"'{source_key}'"),
                or_(part_of.in_(wanted), aged) if wanted else aged)
     ):
         part = row.source_id.partition(":")[0]
