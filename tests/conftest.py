@@ -98,6 +98,17 @@ def pytest_configure(config):
 
 
 @pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config, specs):
+    """pytest-xdist, in the controller, before any worker starts. As root, the embedded
+    PostgreSQL runs as a system user that its first start makes (useradd): made here, once,
+    as workers starting together on a fresh machine would both run useradd, and one fail."""
+    if not os.environ.get("TEST_DATABASE_URL"):
+        from dashboard.embedded.postgres import postgres_system_user
+
+        postgres_system_user()
+
+
+@pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """pytest-xdist, in the controller, before a worker starts."""
     node.workerinput["walk_seed"] = node.config.getoption("walk_seed")
