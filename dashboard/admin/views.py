@@ -26,9 +26,9 @@ from dashboard.ids import INT4_MAX, parse_int
 from dashboard.memories.keys import grant_hard_delete, revoke_key
 from dashboard.memories.models import FORGET_MODES, ApiKey, ForgetMarker
 from dashboard.memory import (
-    BUILD_MODES,
     BUILD_STATUSES,
     BUILD_TRIGGERS,
+    RECORD_MODES,
     MemoryBuild,
     request_builds_by_staff,
     request_plan_builds_by_staff,
@@ -360,7 +360,7 @@ class BuildView(ReadOnlyView):
     column_sortable_list = ("id", "created_at", "finished_at")
     column_filters = (
         CodeEquals(MemoryBuild.status, "Status", max_length=12, choices=BUILD_STATUSES),
-        CodeEquals(MemoryBuild.mode, "Mode", max_length=8, choices=BUILD_MODES),
+        CodeEquals(MemoryBuild.mode, "Mode", max_length=8, choices=RECORD_MODES),
         CodeEquals(MemoryBuild.trigger, "Trigger", max_length=24, choices=BUILD_TRIGGERS),
         "user_id", "user.email", "created_at")
     named_filter_urls = True

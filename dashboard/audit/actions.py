@@ -33,6 +33,7 @@ ACTIONS: dict[str, str] = {
     "oauth.token_refresh": "App token refreshed",
     "oauth.token_revoke": "App token revoked",
     "plan.cap": "Plan cap changed",
+    "plan.change_applied": "Plan change applied to its users",
     "plan.create": "Plan created",
     "plan.retention": "Plan retention changed",
     "plan.update": "Plan changed",

@@ -32,7 +32,10 @@ EMBEDDING_DIMENSIONS = 384
 # The conversation a chat chunk belongs to (``source_id`` is "<conversation>:<pair>"),
 # spelled exactly as its index is, so the planner matches the two.
 CHAT_PART = "(split_part(source_id, ':', 1)::integer)"
-BUILD_MODES = ("quick", "full")
+BUILD_MODES = ("quick", "full")  # what a request may ask for
+# What a record may say: ``bulk`` is a plan change applied to many users at once
+# (``memory.bulk``), never requested.
+RECORD_MODES = (*BUILD_MODES, "bulk")
 BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
 # What asked for a build. content_change: content, flags or deletions the user (or the
 # API) wrote; plan_change: the user's plan, or the cap or assignments of their plan;
@@ -96,7 +99,7 @@ class MemoryBuild(db.Model):
 
     __tablename__ = "memory_builds"
     __table_args__ = (
-        CheckConstraint(f"mode IN {BUILD_MODES!r}", name="mode"),
+        CheckConstraint(f"mode IN {RECORD_MODES!r}", name="mode"),
         CheckConstraint(f"status IN {BUILD_STATUSES!r}", name="status"),
         CheckConstraint(f"trigger IN {BUILD_TRIGGERS!r}", name="trigger"),
         # One pending request per user (later requests merge into it) and one running

@@ -43,6 +43,13 @@ class SourceStatus:
     def net(self) -> int:
         return self.to_add - self.to_remove
 
+    @property
+    def being_applied(self) -> bool:
+        """The plan no longer includes the source, but its chunks are still stored (and
+        recalled) until the change reaches this user: the page must not say "not
+        remembered" alone meanwhile."""
+        return not self.remembered and self.chunks > 0
+
 
 @dataclass(frozen=True)
 class BuildSummary:
