@@ -198,6 +198,10 @@ def build_settings() -> dict[str, Any]:
         "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),
         # Users per batch when an admin rebuilds a whole plan.
         "BUILD_FANOUT_BATCH": _env("BUILD_FANOUT_BATCH", 500, int),
+        # Builds requested in one commit (a fan-out's batch, the schedule) run this many
+        # to a job: one fork and one connection for all of them, each build still its
+        # own lock, transactions, heartbeat and record.
+        "BUILD_BATCH": _env("BUILD_BATCH", 50, int),
         # A model change: how many of its full rebuilds may wait in the queue at once.
         "MODEL_CHANGE_BATCH": _env("MODEL_CHANGE_BATCH", 20, int),
         # Retrieval: a user with at least this many chunks has them in the HNSW index

@@ -20,15 +20,35 @@ def run_build(build_id: int) -> str:
                                     embedder=memory.get_embedder(settings.embedder))
 
 
+def run_builds(build_ids: list[int]) -> dict[str, int]:
+    """Several builds in one job (one fork, one connection, the model loaded once), each
+    exactly as ``run_build`` runs it alone."""
+    from dashboard.queues import build_queue
+
+    app = job_app()
+    with app.app_context():
+        db.engine.dispose(close=False)
+        settings = memory.settings_from(app.config)
+        queue = build_queue(app)
+        return memory.execute_builds(
+            db.engine, [int(i) for i in build_ids], settings=settings,
+            embedder=memory.get_embedder(settings.embedder),
+            resubmit=lambda left: queue.push([("build", i) for i in left]))
+
+
 def fan_out_plan(plan_id: int, mode: str = "quick", trigger: str = "plan_change",
                  requested_by_id: int | None = None) -> int:
-    """Request a build for each user of a plan (its cap or assignments changed, or an
-    admin asked to rebuild it)."""
+    """A plan's cap or assignments changed: applied in bulk where that only removes
+    (``apply_plan_change``, builds asked for the rest); or an admin asked to rebuild the
+    whole plan: a build for each user."""
     app = job_app()
     with app.app_context():
         db.engine.dispose(close=False)
         try:
             batch = memory.settings_from(app.config).fanout_batch
+            if trigger == "plan_change" and mode == "quick":
+                return memory.apply_plan_change(db.session, plan_id,
+                                                batch_size=batch).users
             return memory.fan_out_plan_builds(db.session, plan_id, batch_size=batch,
                                               mode=mode, trigger=trigger,
                                               requested_by_id=requested_by_id)
@@ -45,9 +65,15 @@ def work_horse_killed(job, retpid, ret_val, rusage) -> None:  # noqa: ARG001 (RQ
 def build_interrupted(job, reason: str) -> bool:
     """A build job that ended outside our code: its build recorded failed with
     ``reason``, its request queued again (``abandon_build``). True if it was running."""
-    if job.func_name != "jobs.builds.run_build" or not job.args:
+    if job.func_name not in ("jobs.builds.run_build", "jobs.builds.run_builds") \
+            or not job.args:
         return False
     app = job_app()
     with app.app_context():
+        attempts = app.config["BUILD_MAX_ATTEMPTS"]
+        if job.func_name == "jobs.builds.run_builds":
+            # The one running is asked again; those not started stay queued.
+            return memory.abandon_builds(db.engine, [int(i) for i in job.args[0]], reason,
+                                         max_attempts=attempts) > 0
         return memory.abandon_build(db.engine, int(job.args[0]), reason,
-                                    max_attempts=app.config["BUILD_MAX_ATTEMPTS"])
+                                    max_attempts=attempts)

@@ -26,6 +26,7 @@ import redis
 from flask import Flask
 from rq import SimpleWorker, Worker, get_current_job
 from rq.exceptions import StopRequested
+from rq.job import Job
 from rq.scheduler import RQScheduler
 from rq.worker import WorkerStatus
 
@@ -271,6 +272,13 @@ def _record_interrupted_build(app: Flask, worker: Worker) -> None:
     try:
         job_id = worker.get_current_job_id()
     except Exception:
+        return
+    if job_id and job_id.startswith("builds-"):
+        with suppress(Exception):
+            job = Job.fetch(job_id, connection=worker.connection)
+            if build_interrupted(job, "worker shut down during the build"):
+                log.warning("a build of job %s recorded failed: the worker shut down "
+                            "during it", job_id)
         return
     if not job_id or not job_id.startswith("build-"):
         return

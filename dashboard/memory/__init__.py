@@ -6,12 +6,13 @@ only (a test holds it so); the modules behind it are the engine's own.
 - forgetting under the build lock: ``wait_for_builds``, ``forget_chunks``;
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
-- jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs,
-  a model change, the truth check (``verify_memory``, ``last_verification``);
+- jobs: ``execute_build(s)``, ``abandon_build(s)``, the sweeper, the schedule, plan
+  fan-outs (``apply_plan_change``: in bulk), a model change, the truth check;
 - what they run with: the queue (``defer_job``: another domain's ``Call`` after the
   commit), the embedders, the settings, the models."""
 
 from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
+from dashboard.memory.bulk import PlanApplied, apply_plan_change
 from dashboard.memory.embedders import (
     OWN_CUT,
     Embedder,
@@ -37,6 +38,7 @@ from dashboard.memory.models import (
     BUILD_MODES,
     BUILD_STATUSES,
     BUILD_TRIGGERS,
+    RECORD_MODES,
     DeletedPart,
     MemoryBuild,
     MemoryChunk,
@@ -55,7 +57,7 @@ from dashboard.memory.requests import (
     request_plan_builds_by_staff,
     request_user_update,
 )
-from dashboard.memory.runner import abandon_build, execute_build
+from dashboard.memory.runner import abandon_build, abandon_builds, execute_build, execute_builds
 from dashboard.memory.search import NothingToSearch, search_memory
 from dashboard.memory.settings import EngineSettings, settings_from
 from dashboard.memory.status import BuildSummary, MemoryStatus, memory_status
@@ -72,11 +74,13 @@ __all__ = [
     "BuildSummary", "MemoryStatus", "NothingToSearch", "memory_status", "preview_memory_build",
     "search_memory",
     # jobs
-    "ModelChange", "abandon_build", "execute_build", "fan_out_plan_builds",
+    "ModelChange", "PlanApplied", "abandon_build", "abandon_builds", "apply_plan_change",
+    "execute_builds", "execute_build", "fan_out_plan_builds",
     "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
     "sweep_builds", "VIOLATION_KINDS", "VerifyReport", "last_verification", "verify_memory",
     # what they run with
-    "BUILD_MODES", "BUILD_STATUSES", "BUILD_TRIGGERS", "OWN_CUT", "BuildQueue", "Embedder",
+    "BUILD_MODES", "RECORD_MODES",
+    "BUILD_STATUSES", "BUILD_TRIGGERS", "OWN_CUT", "BuildQueue", "Embedder",
     "Call", "DeletedPart", "EngineSettings", "MemoryBuild", "MemoryChunk", "defer_job",
     "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",
     "match_distance", "preload_embedder", "recall_cut", "settings_from",

@@ -5,6 +5,7 @@ jobs it asked for without reaching for the app."""
 from __future__ import annotations
 
 import logging
+import uuid
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -31,6 +32,22 @@ def build_job_id(build_id: int) -> str:
 
 def fanout_job_id(plan_id: int) -> str:
     return f"fanout-plan-{plan_id}"
+
+
+BATCH_PREFIX = "builds-"
+
+
+def batch_job_id(build_ids: list[int]) -> str:
+    return f"{BATCH_PREFIX}{build_ids[0]}-{uuid.uuid4().hex[:8]}"
+
+
+def batch_key(queue_name: str, build_id: int) -> str:
+    """Redis: the batch job a queued build went out in (the sweeper asks it if alive)."""
+    return f"orbitpilot:{queue_name}:batched:{build_id}"
+
+
+def _text(value: Any) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 @dataclass(frozen=True)
@@ -77,24 +94,32 @@ class BuildQueue:
         }
 
     def push(self, jobs: Iterable[tuple[str, Any]]) -> int:
-        """Push ``("build", build_id)``, ``("fanout", Fanout)`` and ``("call", Call)`` jobs;
-        how many were
-        pushed. A Redis failure is logged by kind and left to the sweeper (the rows are
-        the requests, safe in PostgreSQL)."""
+        """Push ``("build", build_id)``, ``("fanout", Fanout)`` and ``("call", Call)``
+        jobs; how many were pushed. Several builds go out ``build_batch`` to a job
+        (``jobs.builds.run_builds``), one build alone as ``run_build``. A Redis failure
+        is logged by kind and left to the sweeper (the rows are the requests, safe in
+        PostgreSQL)."""
         jobs = list(dict.fromkeys(jobs))
         if not jobs:
             return 0
+        settings = self.settings
         options = self.enqueue_options()
+        builds = [what for kind, what in jobs if kind == "build"]
         try:
             queue = self.rq()
+            if len(builds) == 1:
+                queue.enqueue("jobs.builds.run_build", builds[0],
+                              job_id=build_job_id(builds[0]),
+                              description=f"memory build {builds[0]}", **options)
+            else:
+                size = max(1, settings.build_batch)
+                for start in range(0, len(builds), size):
+                    self._push_batch(queue, builds[start:start + size], options)
             for kind, what in jobs:
-                if kind == "build":
-                    queue.enqueue("jobs.builds.run_build", what, job_id=build_job_id(what),
-                                  description=f"memory build {what}", **options)
-                elif kind == "call":
+                if kind == "call":
                     queue.enqueue(what.function, *what.args, job_id=what.job_id,
                                   description=what.description, **options)
-                else:
+                elif kind == "fanout":
                     queue.enqueue("jobs.builds.fan_out_plan", what.plan_id, mode=what.mode,
                                   trigger=what.trigger, requested_by_id=what.requested_by_id,
                                   job_id=what.job_id, **options,
@@ -106,24 +131,53 @@ class BuildQueue:
             return 0
         return len(jobs)
 
+    def _push_batch(self, queue: Queue, build_ids: list[int], options: dict) -> None:
+        job_id = batch_job_id(build_ids)
+        # Written before the job: a sweeper reading in between finds it queued.
+        keep = self.settings.job_timeout * 2 + self.settings.result_ttl
+        with self.redis.pipeline(transaction=False) as pipe:
+            for build_id in build_ids:
+                pipe.set(batch_key(self.settings.queue_name, build_id), job_id, ex=keep)
+            pipe.execute()
+        queue.enqueue("jobs.builds.run_builds", list(build_ids), job_id=job_id,
+                      description=f"memory builds {build_ids[0]}… ({len(build_ids)})",
+                      **options)
+
     def lost(self, jobs: dict[str, Any]) -> list[Any]:
         """Of ``{job id: job}``, the jobs Redis no longer has alive (none when Redis
-        cannot be reached: the sweeper tries again next time)."""
+        cannot be reached: the sweeper tries again next time). A build that went out in
+        a batch is alive while its batch job is. Two pipelined round trips, however
+        many are asked about."""
         if not jobs:
             return []
         try:
             redis, ours = self.redis, self.settings.queue_name
-            lost = []
-            for job_id, job in jobs.items():
-                status = None
-                if Job.exists(job_id, connection=redis):
-                    found = Job.fetch(job_id, connection=redis)
-                    # Only a job of this queue counts: another queue on the same Redis
-                    # (a test run's, a second deployment's) may reuse the id.
-                    status = found.get_status() if found.origin == ours else None
-                if status not in _LIVE_JOB_STATES:
-                    lost.append(job)
-            return lost
+            ids = list(jobs)
+            with redis.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hmget(Job.key_for(job_id), "status", "origin")
+                    build = job_id.removeprefix("build-")
+                    pipe.get(batch_key(ours, int(build)) if build.isdigit() else "-")
+                answers = pipe.execute()
+            states = {job_id: answers[2 * n] for n, job_id in enumerate(ids)}
+            batches = {job_id: _text(answers[2 * n + 1]) for n, job_id in enumerate(ids)}
+            wanted = sorted({b for b in batches.values() if b})
+            if wanted:
+                with redis.pipeline(transaction=False) as pipe:
+                    for batch in wanted:
+                        pipe.hmget(Job.key_for(batch), "status", "origin")
+                    states.update(zip((f"batch:{b}" for b in wanted), pipe.execute(),
+                                      strict=True))
+
+            def alive(state: Any) -> bool:
+                # Only a job of this queue counts: another queue on the same Redis (a
+                # test run's, a second deployment's) may reuse the id.
+                status, origin = (_text(v) for v in (state or (None, None)))
+                return origin == ours and status in _LIVE_JOB_STATES
+
+            return [job for job_id, job in jobs.items()
+                    if not alive(states[job_id])
+                    and not (batches[job_id] and alive(states[f"batch:{batches[job_id]}"]))]
         except Exception as exc:
             log.warning("sweeper cannot reach the build queue (%s)", type(exc).__name__)
             return []

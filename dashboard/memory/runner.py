@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Any
 
@@ -184,6 +186,49 @@ def execute_build(engine: Engine, build_id: int, *, settings: EngineSettings,
                 release_user(session, user_id)
                 session.commit()
             session.close()
+
+
+def execute_builds(engine: Engine, build_ids: list[int], *, settings: EngineSettings,
+                   embedder: Embedder | None = None,
+                   resubmit: Callable[[list[int]], Any] | None = None) -> dict[str, int]:
+    """Several build records, one after another in this process: each claimed, run and
+    recorded exactly as ``execute_build`` does alone (its own lock, transactions,
+    heartbeat and retries), so a batch of small users pays one job and one fork, not one
+    each. A build asking RQ for a retry is queued again and left to the sweeper; the rest
+    go on. Past half the job's timeout no further build starts: the ones left are handed
+    to ``resubmit`` (a new job), so one slow user cannot time out those after it.
+    Returns how many ended in each status."""
+    embedder = embedder or get_embedder(settings.embedder)
+    budget = time.monotonic() + settings.job_timeout / 2
+    outcomes: dict[str, int] = {}
+    for done, build_id in enumerate(build_ids):
+        if done and time.monotonic() > budget:
+            left = list(build_ids[done:])
+            if resubmit is not None:
+                resubmit(left)
+            outcomes["resubmitted"] = len(left)
+            break
+        try:
+            status = execute_build(engine, build_id, settings=settings, embedder=embedder)
+        except Exception:  # queued again for a retry (recorded so): the sweeper pushes it
+            status = "queued"
+        outcomes[status] = outcomes.get(status, 0) + 1
+    return outcomes
+
+
+def abandon_builds(engine: Engine, build_ids: list[int], reason: str, *,
+                   max_attempts: int = EngineSettings.max_attempts) -> int:
+    """``abandon_build`` for a batch job that ended outside our code: the one of its
+    builds that was running (at most one) is failed and asked again; those not started
+    stay queued, for the sweeper to push again."""
+    return sum(abandon_build(engine, build_id, reason, max_attempts=max_attempts)
+               for build_id in _running(engine, build_ids))
+
+
+def _running(engine: Engine, build_ids: list[int]) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.scalars(select(MemoryBuild.id).where(
+            MemoryBuild.id.in_(build_ids), MemoryBuild.status == "running")))
 
 
 def _safe_rollback(session: Session) -> None:

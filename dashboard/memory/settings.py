@@ -25,6 +25,8 @@ class EngineSettings:
     idle_minutes: int = 30
     schedule_margin_seconds: float = 60.0
     fanout_batch: int = 500
+    # Builds asked in one commit go to workers this many to a job (``run_builds``).
+    build_batch: int = 50
     ann_min_chunks: int = DEFAULT_ANN_MIN_CHUNKS
     recall_max_distance: float | None = None  # None: the embedder's own cut
     # Jobs pushed to RQ: how long their results and failures are kept.
@@ -47,6 +49,7 @@ def settings_from(config: Mapping[str, Any]) -> EngineSettings:
         idle_minutes=config["CONVERSATION_IDLE_MINUTES"],
         schedule_margin_seconds=config["BUILD_SCHEDULE_MARGIN_SECONDS"],
         fanout_batch=config["BUILD_FANOUT_BATCH"],
+        build_batch=config["BUILD_BATCH"],
         ann_min_chunks=config["ANN_MIN_CHUNKS"],
         recall_max_distance=config.get("RECALL_MAX_DISTANCE"),
     )

@@ -182,8 +182,9 @@ def test_a_savepoint_rollback_keeps_the_outer_transactions_pushes(db_session, qu
     with db_session.begin_nested():  # a savepoint that is released keeps its request
         third = request_build(db_session, kept.id)
     db_session.commit()
-    assert sorted(queue.job_ids) == sorted([build_job_id(first.build_id),
-                                            build_job_id(third.build_id)])
+    (job,) = queue.get_jobs()  # two builds asked in one commit: one batch job
+    assert job.func_name == "jobs.builds.run_builds"
+    assert sorted(job.args[0]) == sorted([first.build_id, third.build_id])
     assert queued(db_session, inner.id) == []
 
 
