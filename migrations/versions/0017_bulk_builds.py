@@ -3,8 +3,8 @@ chunks of the sources the plan no longer includes deleted for a batch of users a
 with nothing embedded."""
 from alembic import op
 
-revision = '0016'
-down_revision = '0015'
+revision = '0017'
+down_revision = '0016'
 branch_labels = None
 depends_on = None
 
