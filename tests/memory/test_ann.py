@@ -426,3 +426,49 @@ def test_a_plan_that_includes_chat_history_is_unaffected_by_the_flag(db_session,
     assert (result.ann, result.indexing) == (False, True)
     index_all(db_session, user)
     assert flags(db_session, user.id) == {True: THRESHOLD}
+
+
+def test_an_indexing_job_past_its_budget_asks_for_its_continuation(app, committed, queue,
+                                                                   monkeypatch):
+    """It stops after the batch that ran past the budget (0 s: the first) and asks for a
+    job of its own id-and-rows-left at that batch's commit; the continuation finishes."""
+    from jobs.builds import index_ann
+
+    monkeypatch.setitem(app.config, "ANN_MIN_CHUNKS", THRESHOLD)
+
+    session = committed.session
+    user = committed.user()
+    user_id = user.id
+    saved(session, user, THRESHOLD + 1)
+    session.commit()
+    run_memory_build(user, "quick", session=session, embedder=HashingEmbedder(),
+                     ann_threshold=THRESHOLD)
+    session.commit()
+    queue.empty()
+    settings = EngineSettings(ann_min_chunks=THRESHOLD, ann_index_batch=7)
+    outcome = index_user_ann(session, user_id, settings=settings, budget_seconds=0)
+    assert (outcome.state, outcome.batches, outcome.continued) == ("indexing", 1, True)
+    assert [(queue.fetch_job(j).func_name, queue.fetch_job(j).args, j)
+            for j in queue.job_ids] == [
+        ("jobs.builds.index_ann", (user_id,), f"ann-index-{user_id}-14")]
+    assert flags(session, user_id) == {True: 7, False: 14}
+    assert index_ann(user_id) == "ready"
+    assert flags(db.session, user_id) == {True: 21}
+
+
+def test_the_truth_check_asks_again_for_the_indexing_of_a_user_entering(committed, queue):
+    """A job lost with Redis: the user stays on the exact scan (right, slower) until the
+    truth check, repairing, asks for it again — not a finding, no rebuild."""
+    session = committed.session
+    user = committed.user()
+    user_id = user.id
+    saved(session, user, THRESHOLD + 1)
+    run_memory_build(user, "quick", session=session, embedder=HashingEmbedder(),
+                     ann_threshold=THRESHOLD)
+    settle(session)
+    session.commit()
+    queue.empty()
+    report = verify_memory(session, ann_threshold=THRESHOLD, user_ids=[user_id])
+    session.commit()
+    assert (report.violations, report.users_indexing, report.repairs_requested) == ([], 1, 0)
+    assert [queue.fetch_job(j).args for j in queue.job_ids] == [(user_id,)]
