@@ -27,21 +27,17 @@ QUERIES = ("hotel dinner in lisbon", "marathon training and running", "project d
 
 
 def measure_crossing(app: Any, pairs: int) -> dict[str, Any]:
-    """One user with ``pairs`` chat pairs (one chunk each) built in one full build with
-    the threshold at ``min(ANN_MIN_CHUNKS, pairs)`` — so the user crosses it — then the
-    indexing job inline, in batches of the app's ANN_INDEX_BATCH. Recall (k = 10, four
-    queries) is checked against the exact answer (SQL, ``ORDER BY distance, id``) after
-    the build, after the first batch, half way, and after the last.
-
-    Returns: ``pairs``, ``chunks``, ``threshold``, ``batch`` (rows per index batch);
-    ``build_transaction_s`` (the build's transaction, commit included);
-    ``longest_batch_s``, ``batches``; ``longest_transaction_s`` (the longer of those two:
-    what a build or forget of this user may wait behind); ``index_s`` (all batches) and
-    ``index_rows_per_s``; ``ready`` (ann_ready at the end); ``recall_exact`` (every
-    checkpoint before the flag — the crossing — returned k rows at the exact distances in
-    exact order); ``recall_ready`` (recall@10 once ready: the HNSW path, approximate);
-    ``checkpoints``: per checkpoint ``at``, ``ann_rows``, ``ready``, ``k_rows``,
-    ``exact_order``, ``recall`` (recall@10 against the exact ids)."""
+    """One user of ``pairs`` chat pairs (a chunk each), one full build with the threshold at
+    min(ANN_MIN_CHUNKS, pairs), then the indexing job inline (ANN_INDEX_BATCH rows a batch);
+    recall (k 10, four queries) against SQL's exact answer after the build, the first
+    batch, half way and the last. Returns ``pairs``, ``chunks``, ``threshold``, ``batch``,
+    ``build_transaction_s`` (commit included), ``batches``, ``longest_batch_s``,
+    ``longest_transaction_s`` (the longer: what a build or forget may wait behind),
+    ``index_s``, ``index_rows_per_s``, ``indexing_requested``, ``ready`` (at the end),
+    ``recall_exact`` (k rows at the exact distances, in order, at every checkpoint before
+    the flag), ``recall_ready`` (recall@10 once ready: the HNSW path, approximate) and
+    ``checkpoints`` (each: ``at``, ``ann_rows``, ``ready``, ``k_rows``, ``exact_order``,
+    ``recall``)."""
     from dashboard import memory
     from dashboard.memory.embedders import HashingEmbedder
     from dashboard.memory.pipeline import run_memory_build

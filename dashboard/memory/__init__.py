@@ -7,8 +7,7 @@ only (a test holds it so); the modules behind it are the engine's own.
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
 - jobs: ``execute_build``, ``abandon_build``, the sweeper, the schedule, plan fan-outs,
-  a model change, the truth check (``verify_memory``, ``last_verification``), moving a
-  user into the HNSW index (``index_user_ann``);
+  a model change, the truth check, the HNSW indexing (``index_user_ann``);
 - what they run with: the queue (``defer_job``: another domain's ``Call`` after the
   commit), the embedders, the settings, the models."""
 
