@@ -781,34 +781,20 @@ def hnsw_plan_line(session, user_id: int, vector: np.ndarray) -> str:
 # -- 4. crossing the threshold -----------------------------------------------------------------
 
 def bench_crossing(app, pairs: int) -> None:
-    from dashboard.memory.embedders import get_embedder
-    from dashboard.orbitpilot.models import Message
+    """A build crossing the threshold, then the indexing job inline (``bench._crossing``)."""
+    from bench._crossing import measure_crossing
 
+    threshold = min(app.config["ANN_MIN_CHUNKS"], pairs)
     print(f"\n== crossing ANN_MIN_CHUNKS: a user of {pairs:,} chunks, the threshold set to "
-          f"{pairs + 1:,} {load_note()} ==")
-    embedder = get_embedder("hashing")
-    with app.app_context():
-        session = db.session
-        user, question_ids = make_chat_user(session, pairs + 1, email="cross@bench.test")
-        session.execute(update(Message).where(Message.id == question_ids[-1])
-                        .values(not_remembered=True))
-        session.commit()
-        below_s, below = timed_build(session, user, "full", embedder, ann_threshold=pairs + 1)
-        session.execute(update(Message).where(Message.id == question_ids[-1])
-                        .values(not_remembered=False))
-        session.commit()
-        up_s, up = timed_build(session, user, "quick", embedder, ann_threshold=pairs + 1)
-        print(f"below (full build):    {ms(below_s)}  chunks={below.added:,}  ann={below.ann}")
-        print(f"crossing up (quick):   {ms(up_s)}  added={up.added} flipped={up.flipped:,} "
-              f"into the HNSW index: {up.flipped / (up.timings['write_ms'] / 1000):,.0f} "
-              f"rows/s  ann={up.ann}")
-        session.execute(update(Message).where(Message.id == question_ids[0])
-                        .values(not_remembered=True))
-        session.commit()
-        down_s, down = timed_build(session, user, "quick", embedder, ann_threshold=pairs + 1)
-        print(f"crossing down (quick): {ms(down_s)}  removed={down.removed} "
-              f"flipped={down.flipped:,} out  ann={down.ann}")
-        db.session.remove()
+          f"{threshold:,} {load_note()} ==")
+    m = measure_crossing(app, pairs)
+    print(f"crossing build:   {ms(m['build_transaction_s'])} (one transaction, every row "
+          f"outside the index)  indexing asked for: {m['indexing_requested']}")
+    print(f"indexing job:     {m['batches']} batches of {m['batch']}, longest "
+          f"{ms(m['longest_batch_s'])}, {m['index_s']:,.1f} s in all "
+          f"({m['index_rows_per_s']:,} rows/s)  ready={m['ready']}")
+    print(f"recall:           exact throughout the crossing: {verdict(m['recall_exact'])}; "
+          f"recall@10 once ready {m['recall_ready']}")
 
 
 def main() -> int:

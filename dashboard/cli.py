@@ -23,7 +23,7 @@ from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 from dashboard.embedded import get_services
 from dashboard.extensions import db
 from dashboard.memories.erasure import vacuum_after_erasures
-from dashboard.memory import VIOLATION_KINDS, verify_memory
+from dashboard.memory import VIOLATION_KINDS, settings_from, verify_memory
 from dashboard.plans.services import find_plan
 from dashboard.refusals import Refusal
 
@@ -223,9 +223,11 @@ def memories_verify(email: str | None, no_repair: bool) -> None:
         if user is None:
             raise click.ClickException(f"No user has the email {email!r}.")
         user_ids = [user.id]
+    settings = settings_from(current_app.config)
     report = verify_memory(
-        db.session, ann_threshold=current_app.config["ANN_MIN_CHUNKS"], user_ids=user_ids,
-        repair=not no_repair, actor=CLI_ACTOR)
+        db.session, ann_threshold=settings.ann_min_chunks,
+        ann_leave=settings.ann_leave_chunks, user_ids=user_ids, repair=not no_repair,
+        actor=CLI_ACTOR)
     db.session.commit()
     click.echo(f"Checked {report.users_checked} users and {report.chunks_checked} chunks "
                f"({report.users_pending} with a build due, not judged).")

@@ -204,9 +204,14 @@ def build_settings() -> dict[str, Any]:
         "BUILD_BATCH": _env("BUILD_BATCH", 50, int),
         # A model change: how many of its full rebuilds may wait in the queue at once.
         "MODEL_CHANGE_BATCH": _env("MODEL_CHANGE_BATCH", 20, int),
-        # Retrieval: a user with at least this many chunks has them in the HNSW index
-        # (the build that crosses it flips every row of the user, either way) and gets
+        # Retrieval: a user with at least this many chunks has them moved into the HNSW
+        # index (by a job, in batches, after the build that crosses it) and then gets
         # the approximate path; smaller users an exact scan (always k rows, recall 1.0),
         # and their chunk writes pay no HNSW upkeep.
         "ANN_MIN_CHUNKS": _env("ANN_MIN_CHUNKS", 50_000, int),
+        # A user in the index leaves it (rows flipped back, exact scan) only below this
+        # fraction of ANN_MIN_CHUNKS: no flipping to and fro around the threshold.
+        "ANN_LEAVE_FRACTION": _env("ANN_LEAVE_FRACTION", 0.8, float),
+        # Rows the indexing job moves into the HNSW index per transaction.
+        "ANN_INDEX_BATCH": _env("ANN_INDEX_BATCH", 500, int),
     }

@@ -56,6 +56,21 @@ def fan_out_plan(plan_id: int, mode: str = "quick", trigger: str = "plan_change"
             db.session.remove()
 
 
+def index_ann(user_id: int) -> str:
+    """Move a user's rows into the HNSW index, a committed batch at a time (asked for by
+    the build that took them to ANN_MIN_CHUNKS); the state it left (``ready``, ...)."""
+    app = job_app()
+    with app.app_context():
+        db.engine.dispose(close=False)
+        try:
+            settings = memory.settings_from(app.config)
+            # Half the job timeout, then a continuation job: never killed mid-way.
+            return memory.index_user_ann(db.session, user_id, settings=settings,
+                                         budget_seconds=settings.job_timeout / 2).state
+        finally:
+            db.session.remove()
+
+
 def work_horse_killed(job, retpid, ret_val, rusage) -> None:  # noqa: ARG001 (RQ's signature)
     """RQ calls this in the worker when a work horse dies outside Python (SIGKILL, OOM)."""
     signal = f" (signal {os.WTERMSIG(ret_val)})" if ret_val and os.WIFSIGNALED(ret_val) else ""

@@ -72,7 +72,8 @@ PERIODIC_TASKS: tuple[PeriodicTask, ...] = (
                  lambda session, queue, config: apply_retention(session, config=config)),
     PeriodicTask("memory_verify", "MEMORY_VERIFY_SECONDS",
                  lambda session, queue, config: memory.verify_memory(
-                     session, ann_threshold=queue.settings.ann_min_chunks)),
+                     session, ann_threshold=queue.settings.ann_min_chunks,
+                     ann_leave=queue.settings.ann_leave_chunks)),
 )
 
 

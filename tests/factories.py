@@ -188,6 +188,21 @@ def build(session, user, mode: str = "quick", embedder: Any = None, *,
     return result
 
 
+def mark_ann_ready(session, user_id: int) -> None:
+    """``user_id``'s note says ``ann_ready`` (a note written if none is), as the indexing
+    job's last batch leaves it: for tests that write ``ann`` rows themselves."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    from dashboard.memory.models import MemoryState
+
+    session.execute(insert(MemoryState).values(
+        user_id=user_id, inputs_read_at=datetime.now(UTC), snapshot="1:1:",
+        included_keys=[], embedding_model="random", ann_ready=True)
+        .on_conflict_do_update(index_elements=[MemoryState.user_id],
+                               set_={"ann_ready": True}))
+    session.flush()
+
+
 def builds_of(session, user_id: int) -> list[MemoryBuild]:
     """``user_id``'s build records, oldest first."""
     return list(session.scalars(select(MemoryBuild).where(MemoryBuild.user_id == user_id)

@@ -105,6 +105,33 @@ def test_0006_downgrade_restores_the_full_hnsw_index(scratch_app):
         db.engine.dispose()
 
 
+def test_0016_marks_ready_the_users_whose_rows_are_all_ann(scratch_app):
+    with scratch_app.app_context():
+        upgrade(revision="0015")
+        with db.engine.begin() as conn:
+            users = [conn.scalar(text(
+                "INSERT INTO users (email, display_name, password_hash, role) "
+                "VALUES (:e, 'u', 'x', 'user') RETURNING id"), {"e": f"u{n}@example.test"})
+                for n in range(3)]
+            for user_id, flags in zip(users, [(True, True), (True, False), (False, False)],
+                                      strict=True):
+                conn.execute(text(
+                    "INSERT INTO memory_states (user_id, inputs_read_at, snapshot, "
+                    "included_keys, embedding_model) VALUES (:u, now(), '1:1:', '{}', 'm')"),
+                    {"u": user_id})
+                for n, ann in enumerate(flags):
+                    conn.execute(text(
+                        "INSERT INTO memory_chunks (user_id, source_key, source_id, "
+                        "chunk_index, content_hash, content, embedding, embedding_model, ann)"
+                        " VALUES (:u, 'xmemo.saved', :s, 0, 'h', 'c', :e, 'm', :a)"),
+                        {"u": user_id, "s": str(n), "e": str([0.1] * 384), "a": ann})
+        upgrade()
+        with db.engine.connect() as conn:
+            ready = dict(conn.execute(text("SELECT user_id, ann_ready FROM memory_states")).all())
+        assert [ready[u] for u in users] == [True, False, False]
+        db.engine.dispose()
+
+
 def test_models_match_the_migrations(app):
     """Autogenerate against the migrated test database finds nothing to add."""
     from alembic.autogenerate import compare_metadata

@@ -7,11 +7,13 @@ only (a test holds it so); the modules behind it are the engine's own.
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
 - jobs: ``execute_build(s)``, ``abandon_build(s)``, the sweeper, the schedule, plan
-  fan-outs (``apply_plan_change``: in bulk), a model change, the truth check;
+  fan-outs (``apply_plan_change``: in bulk), a model change, the truth check, the HNSW
+  indexing (``index_user_ann``);
 - what they run with: the queue (``defer_job``: another domain's ``Call`` after the
   commit), the embedders, the settings, the models."""
 
 from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
+from dashboard.memory.ann import IndexOutcome, index_user_ann
 from dashboard.memory.bulk import PlanApplied, apply_plan_change
 from dashboard.memory.embedders import (
     OWN_CUT,
@@ -74,8 +76,9 @@ __all__ = [
     "BuildSummary", "MemoryStatus", "NothingToSearch", "memory_status", "preview_memory_build",
     "search_memory",
     # jobs
-    "ModelChange", "PlanApplied", "abandon_build", "abandon_builds", "apply_plan_change",
-    "execute_builds", "execute_build", "fan_out_plan_builds",
+    "IndexOutcome", "ModelChange", "PlanApplied", "abandon_build", "abandon_builds",
+    "apply_plan_change", "execute_builds", "execute_build", "fan_out_plan_builds",
+    "index_user_ann",
     "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
     "sweep_builds", "VIOLATION_KINDS", "VerifyReport", "last_verification", "verify_memory",
     # what they run with

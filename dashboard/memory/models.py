@@ -85,9 +85,9 @@ class MemoryChunk(db.Model):
     build_id: Mapped[int | None] = mapped_column(
         ForeignKey("memory_builds.id", ondelete="SET NULL")
     )
-    # In the HNSW index: true for every row of a user with at least ANN_MIN_CHUNKS chunks,
-    # false for every row of any other user (the build that crosses the threshold flips
-    # them all, in its own transaction). Retrieval follows the flag.
+    # In the partial HNSW index. Every row of an ``ann_ready`` user (``MemoryState``);
+    # no row of a user below the leave mark; in between, the rows the indexing job has
+    # moved in so far (docs/architecture/retrieval.md). Retrieval follows the note's flag.
     ann: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = created_at_column()
 
@@ -164,6 +164,10 @@ class MemoryState(db.Model):
     included_keys: Mapped[list[str]] = mapped_column(ARRAY(String(64)))
     embedding_model: Mapped[str] = mapped_column(String(64))
     build_id: Mapped[int | None] = mapped_column(BigInteger)
+    # Every chunk of the user is ``ann``, so recall may take the HNSW index: set by the
+    # indexing job's last batch, cleared by a build that takes the user out (or adds more
+    # rows than it moves into the index itself).
+    ann_ready: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class MemoryVerification(db.Model):

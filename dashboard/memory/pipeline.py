@@ -1,7 +1,8 @@
 """``run_memory_build`` and its dry run: extract, chunk, key, then a quick diff (only what
 changed since the last build's note, ``MemoryState``) or a full swap, written by COPY in
-the caller's transaction — a failed build leaves the previous chunks as they were. Each
-build leaves the user's rows ``ann`` or not. docs/architecture/builds.md says why."""
+the caller's transaction — a failed build leaves the previous chunks as they were. A
+build moves no rows into the HNSW index beyond a few new ones of a user already in it
+(``memory.ann``). docs/architecture/builds.md says why."""
 
 from __future__ import annotations
 
@@ -32,11 +33,16 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from dashboard.memory.ann import plan_for_build, request_indexing
 from dashboard.memory.chunking import chunk_text, content_hash
 from dashboard.memory.embedders import Embedder
 from dashboard.memory.locks import lock_user
 from dashboard.memory.models import CHAT_PART, DeletedPart, MemoryChunk, MemoryState
-from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
+from dashboard.memory.settings import (
+    DEFAULT_ANN_INDEX_BATCH,
+    DEFAULT_ANN_MIN_CHUNKS,
+    ann_leave_mark,
+)
 from dashboard.plans.services import Resolution, get_plan_for_user, resolve_sources
 from dashboard.sources import Parts, Record, extract, get_source, source_keys
 
@@ -51,10 +57,12 @@ class BuildResult:
     kept: int = 0
     embedded: int = 0
     reused: int = 0
-    # Whether the user's rows are in the HNSW index after the build, and how many kept
-    # rows this build moved in or out of it (crossing ANN_MIN_CHUNKS either way).
+    # Whether recall takes the HNSW index after the build (the note's ``ann_ready``), how
+    # many kept rows it moved out of the index (leaving it), and whether it asked for the
+    # indexing job (entering: its rows are moved in by that job, not by the build).
     ann: bool = False
     flipped: int = 0
+    indexing: bool = False
     inputs_read_at: datetime | None = None
     snapshot: str | None = None
     resolution: dict[str, Any] = field(default_factory=dict)
@@ -142,7 +150,8 @@ def stored_summary(session: Session, user_id: int, model: str, *,
                    exact: bool = True) -> StoredSummary:
     """``exact``: every row's model and flag counted (a build, which sets them right).
     Otherwise (the dry run) the counts per source come from the index alone and the model
-    and flag from one row — each build leaves every row of a user with the same ones — so
+    from one row — each build leaves every row of a user with the same one (the ``ann``
+    count read with it is a guess, which the dry run never uses) — so
     the read costs index entries, not table rows (1/10 the time at 100,000 chunks)."""
     if not exact:
         one = select(MemoryChunk.embedding_model, MemoryChunk.ann).where(
@@ -375,13 +384,19 @@ def run_memory_build(
     embedder: Embedder,
     build_id: int | None = None,
     ann_threshold: int = DEFAULT_ANN_MIN_CHUNKS,
+    ann_leave: int | None = None,
+    ann_batch: int = DEFAULT_ANN_INDEX_BATCH,
 ) -> BuildResult:
     """Build ``user``'s memory in the caller's transaction; ``ann_threshold`` is the
-    ANN_MIN_CHUNKS setting. The caller commits."""
+    ANN_MIN_CHUNKS setting, ``ann_leave`` the mark below which a user leaves the HNSW
+    index (default: ANN_LEAVE_FRACTION's default of the threshold), ``ann_batch``
+    ANN_INDEX_BATCH. The caller commits (which pushes an indexing job it asked for)."""
     if mode not in ("quick", "full"):
         raise ValueError(f"mode must be 'quick' or 'full', not {mode!r}")
+    leave = ann_leave_mark(ann_threshold) if ann_leave is None else ann_leave
     with _gc_paused():
-        return _run_memory_build(user, mode, session, embedder, build_id, ann_threshold)
+        return _run_memory_build(user, mode, session, embedder, build_id,
+                                 (ann_threshold, leave, ann_batch))
 
 
 @contextmanager
@@ -399,7 +414,8 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder,
-                      build_id: int | None, threshold: int) -> BuildResult:
+                      build_id: int | None, marks: tuple[int, int, int]) -> BuildResult:
+    threshold, leave, batch = marks
     started = time.perf_counter()
     result = BuildResult(mode=mode)
     lock_user(session, user.id)
@@ -415,6 +431,9 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     included = resolution.included_keys
     cutoffs = resolution.cutoffs(result.inputs_read_at)
     summary = stored_summary(session, user.id, embedder.name)
+    # Read under the lock: the indexing job changes it only holding the same lock.
+    ready = bool(session.scalar(select(MemoryState.ann_ready)
+                                .where(MemoryState.user_id == user.id)))
 
     replace: list[Any] | None = None  # full, replaced: every stored row (id, key, model)
     if mode == "quick":
@@ -423,8 +442,8 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     else:
         fresh = fresh_chunks(extract(session, user.id, included), cutoffs)
         stored = _stored(session, user.id)
-        if len(fresh) >= threshold:
-            # In the HNSW index after this build: unchanged rows stay where they are.
+        if summary.ann_rows and len(fresh) >= leave:
+            # Rows in the HNSW index that stay there: unchanged ones are kept in place.
             comparison = Comparison()
             comparison.add_diff(fresh, quick_diff(fresh, stored, embedder.name))
         else:
@@ -438,7 +457,10 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
 
     result.added, result.removed = comparison.total(0), comparison.total(1)
     result.kept = comparison.total(2)
-    result.ann = summary.total - result.removed + result.added >= threshold
+    ann = plan_for_build(ready=ready, rows=summary.total, ann_rows=summary.ann_rows,
+                         rows_after=summary.total - result.removed + result.added,
+                         adding=result.added, threshold=threshold, leave=leave, batch=batch)
+    result.ann, result.indexing = ann.ready, ann.index
     reuse_ids: list[int] = []
     if replace is not None:
         reusable = {_key(r): r.id for r in replace if r.embedding_model == embedder.name}
@@ -451,20 +473,18 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     result.timings["embed_ms"] = _ms(embed_started)
 
     write_started = time.perf_counter()
-    if replace is not None:
-        _replace_all(session, user.id, reuse_ids, build_id, result.ann)
+    if replace is not None:  # no row is in the index after this: none goes in
+        _replace_all(session, user.id, reuse_ids, build_id, False)
     else:
         _delete_stale(session, user.id, comparison)
-        if summary.ann_rows != (summary.total if result.ann else 0):
+        if ann.unflag:  # leaving: out of a partial index is a plain update
             result.flipped = session.execute(
-                update(MemoryChunk)
-                .where(MemoryChunk.user_id == user.id, MemoryChunk.ann.is_not(result.ann))
-                .values(ann=result.ann)
-            ).rowcount
+                update(MemoryChunk).where(MemoryChunk.user_id == user.id, MemoryChunk.ann)
+                .values(ann=False)).rowcount
     if to_embed:
         _copy_chunks(session, (
             (user.id, key[0], key[1], key[2], key[3], comparison.new[key], vector,
-             embedder.name, build_id, result.ann, comparison.record_at(key))
+             embedder.name, build_id, ann.new_ann, comparison.record_at(key))
             for key, vector in zip(to_embed, vectors, strict=True)
         ))
     result.timings["write_ms"] = _ms(write_started)
@@ -473,7 +493,9 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     result.reused = len(reuse_ids)
     result.per_source = {key: {"added": a, "removed": r, "kept": k}
                          for key, (a, r, k) in comparison.counts.items() if a or r or k}
-    _record_state(session, user.id, result, included, embedder.name, build_id)
+    _record_state(session, user.id, result, included, embedder.name, build_id, ready)
+    if ann.index:
+        request_indexing(session, user.id)
     result.timings["total_ms"] = _ms(started)
     return result
 
@@ -514,16 +536,20 @@ def _replace_all(session: Session, user_id: int, reuse_ids: list[int], build_id:
 
 
 def _record_state(session: Session, user_id: int, result: BuildResult,
-                  included: tuple[str, ...], model: str, build_id: int | None) -> None:
+                  included: tuple[str, ...], model: str, build_id: int | None,
+                  was_ready: bool) -> None:
     """Note what the chunks now reflect. A build that changed nothing leaves an existing
     note alone (it still holds: nothing read since then differs), so it writes nothing."""
     values = {"inputs_read_at": result.inputs_read_at, "snapshot": result.snapshot,
               "included_keys": list(included), "embedding_model": model,
-              "build_id": build_id}
+              "build_id": build_id, "ann_ready": result.ann}
     if not (result.added or result.removed):
         state = session.get(MemoryState, user_id)
         if state is not None and (state.included_keys, state.embedding_model) == \
                 (list(included), model):
+            if was_ready != result.ann:  # a changed setting, or rows that disagreed
+                session.execute(update(MemoryState).where(MemoryState.user_id == user_id)
+                                .values(ann_ready=result.ann))
             return
     session.execute(pg_insert(MemoryState).values(user_id=user_id, **values)
                     .on_conflict_do_update(index_elements=[MemoryState.user_id], set_=values))
@@ -576,8 +602,8 @@ _COPY_TYPES = ("int4", "varchar", "varchar", "int4", "varchar", "text", "vector"
 
 
 def _copy_chunks(session: Session, rows: Iterable[tuple[Any, ...]]) -> None:
-    """Binary COPY on the build's own connection (same transaction). Rows of a user below
-    ANN_MIN_CHUNKS are outside the partial HNSW index: they cost what COPY costs."""
+    """Binary COPY on the build's own connection (same transaction). Rows not ``ann`` are
+    outside the partial HNSW index: they cost what COPY costs."""
     raw = session.connection().connection.driver_connection
     if raw.adapters.types.get("vector") is None:
         register_vector(raw)

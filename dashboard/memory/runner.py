@@ -167,7 +167,9 @@ def execute_build(engine: Engine, build_id: int, *, settings: EngineSettings,
                     user = session.get(User, user_id)
                     result = run_memory_build(user, mode, session=session, embedder=embedder,
                                               build_id=build_id,
-                                              ann_threshold=settings.ann_min_chunks)
+                                              ann_threshold=settings.ann_min_chunks,
+                                              ann_leave=settings.ann_leave_chunks,
+                                              ann_batch=settings.ann_index_batch)
                     _record_success(session, build_id, result)
                     session.commit()
                     return "succeeded"

@@ -1,7 +1,8 @@
-"""Retrieval: the top k chunks of one user by cosine distance. A user below ANN_MIN_CHUNKS
-gets an exact scan (min(k, owned) rows, zero vectors aside, in exact order); a user whose
-rows are ``ann`` the partial HNSW index with iterative scans, topped up exactly if it comes
-back short (docs/architecture/retrieval.md)."""
+"""Retrieval: the top k chunks of one user by cosine distance. A user whose note says
+``ann_ready`` (every row in the partial HNSW index) gets the index with iterative scans,
+topped up exactly if it comes back short; any other user — below ANN_MIN_CHUNKS, or with
+the indexing job still moving rows in — an exact scan (min(k, owned) rows, zero vectors
+aside, in exact order). docs/architecture/retrieval.md."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from dashboard.memory.embedders import Embedder, RecallCut, embedder_for_model, match_distance
-from dashboard.memory.models import MemoryChunk
+from dashboard.memory.models import MemoryChunk, MemoryState
 from dashboard.refusals import Refusal
 
 NOTHING_TO_SEARCH = ("There is nothing to search on in this query: it holds no words, only "
@@ -109,9 +110,12 @@ def search_memory(session: Session, user_id: int, query: str, k: int, *,
     words for the hashing one) is refused with ``NothingToSearch``; a chunk it gives none
     is near nothing, and never a hit. Every distance returned is finite."""
     k = max(1, min(int(k), 100))
-    # Every row of a user carries the same flag and model (each build sets them all), so
-    # one row tells the path and the model: no count of a 200,000-chunk user's rows.
-    first = session.execute(select(MemoryChunk.ann, MemoryChunk.embedding_model)
+    # One statement: the note's flag tells the path (set only once every row is in the
+    # index: until then the exact scan, which is right whatever the rows' flags), one
+    # row the model (each build gives every row the same). No count of anyone's rows.
+    ready = select(MemoryState.ann_ready).where(MemoryState.user_id == user_id) \
+        .scalar_subquery()
+    first = session.execute(select(func.coalesce(ready, False), MemoryChunk.embedding_model)
                             .where(MemoryChunk.user_id == user_id).limit(1)).first()
     ann, model = first if first is not None else (False, embedder.name)
     if model != embedder.name:
@@ -127,7 +131,7 @@ def search_memory(session: Session, user_id: int, query: str, k: int, *,
         raise NothingToSearch()
     if not ann:
         return _near(_exact(session, user_id, vector, k, embedder.name), max_distance)
-    hits = _hnsw(session, user_id, vector, k, embedder.name)
+    hits = _hnsw(session, user_id, vector, k, embedder.name)  # ready: every row is ``ann``
     if len(hits) < k:
         hits = _exact(session, user_id, vector, k, embedder.name)
     return _near(hits, max_distance)

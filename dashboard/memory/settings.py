@@ -9,6 +9,19 @@ from typing import Any
 
 # The default of ANN_MIN_CHUNKS (also migration 0006's threshold).
 DEFAULT_ANN_MIN_CHUNKS = 50_000
+# A user in the HNSW index leaves it only below this fraction of ANN_MIN_CHUNKS (40,000
+# by default): one hovering at the threshold is not moved in and out at each build.
+DEFAULT_ANN_LEAVE_FRACTION = 0.8
+# Rows the indexing job moves into the HNSW index per transaction: 500 rows take ~0.7-1.4 s
+# at 370-760 rows/s and ~9 s at 54 rows/s (a busy machine, a large index), short of the
+# 30 s a forget waits for the user's lock (docs/architecture/retrieval.md).
+DEFAULT_ANN_INDEX_BATCH = 500
+
+
+def ann_leave_mark(threshold: int, fraction: float = DEFAULT_ANN_LEAVE_FRACTION) -> int:
+    """The chunk count below which a user leaves the HNSW index (``threshold`` is
+    ANN_MIN_CHUNKS; the mark is never above it)."""
+    return min(threshold, int(threshold * fraction))
 
 
 @dataclass(frozen=True)
@@ -28,10 +41,16 @@ class EngineSettings:
     # Builds asked in one commit go to workers this many to a job (``run_builds``).
     build_batch: int = 50
     ann_min_chunks: int = DEFAULT_ANN_MIN_CHUNKS
+    ann_leave_fraction: float = DEFAULT_ANN_LEAVE_FRACTION
+    ann_index_batch: int = DEFAULT_ANN_INDEX_BATCH
     recall_max_distance: float | None = None  # None: the embedder's own cut
     # Jobs pushed to RQ: how long their results and failures are kept.
     result_ttl: int = field(default=3600)
     failure_ttl: int = field(default=7 * 24 * 3600)
+
+    @property
+    def ann_leave_chunks(self) -> int:
+        return ann_leave_mark(self.ann_min_chunks, self.ann_leave_fraction)
 
 
 def settings_from(config: Mapping[str, Any]) -> EngineSettings:
@@ -51,5 +70,7 @@ def settings_from(config: Mapping[str, Any]) -> EngineSettings:
         fanout_batch=config["BUILD_FANOUT_BATCH"],
         build_batch=config["BUILD_BATCH"],
         ann_min_chunks=config["ANN_MIN_CHUNKS"],
+        ann_leave_fraction=config.get("ANN_LEAVE_FRACTION", DEFAULT_ANN_LEAVE_FRACTION),
+        ann_index_batch=config.get("ANN_INDEX_BATCH", DEFAULT_ANN_INDEX_BATCH),
         recall_max_distance=config.get("RECALL_MAX_DISTANCE"),
     )

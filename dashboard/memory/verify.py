@@ -1,8 +1,8 @@
 """The truth check: per user, the stored chunks hold nothing the resolution, the flags,
 the records' statuses and the plan's retention do not allow, their counts are what the
-last build stored, and the ``ann`` flag agrees with the threshold. A violation is an
-audit event (counts and ids only) and a repair build; each run leaves a
-``MemoryVerification`` row.
+last build stored, and the ``ann`` flags agree with the note's ``ann_ready`` and the
+marks (``_judge_ann``). A violation is an audit event (counts and ids only) and a repair
+build; each run leaves a ``MemoryVerification`` row.
 
 A user with a build queued or running is not judged: that build settles every change
 made so far (each change asks for one in its own transaction)."""
@@ -20,9 +20,11 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.services import SYSTEM, Actor, record_event
 from dashboard.auth.models import User
-from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryVerification
+from dashboard.memory.ann import request_indexing
+from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryState, MemoryVerification
 from dashboard.memory.pipeline import fresh_chunks
 from dashboard.memory.requests import request_builds
+from dashboard.memory.settings import ann_leave_mark
 from dashboard.plans.services import every_plan, resolve_sources
 from dashboard.sources import get_source
 
@@ -36,7 +38,8 @@ KINDS = {
                    "a memory not active, a deleted document, changed content, or a record "
                    "older than the plan's retention window keeps)",
     "count_mismatch": "a chunk count other than what the last build stored",
-    "ann_flag": "rows whose ann flag disagrees with ANN_MIN_CHUNKS",
+    "ann_flag": "rows whose ann flag disagrees with the user's ann_ready note (every row "
+                "of a ready user in the HNSW index, none of a user below the leave mark)",
 }
 
 
@@ -56,6 +59,9 @@ class VerifyReport:
     chunks_checked: int = 0
     violations: list[Violation] = field(default_factory=list)
     repairs_requested: int = 0
+    # Users entering the HNSW index (not ready, at the threshold or partly in): not
+    # findings; their indexing job is asked for again when repairing (it is idempotent).
+    users_indexing: int = 0
 
     @property
     def users_with_violations(self) -> int:
@@ -79,9 +85,10 @@ def _last_counts(session: Session, user_ids: list[int]) -> dict[int, dict[str, i
 
 def _judge(user_id: int, included: set[str], stored: dict[str, list[int]],
            extra: dict[str, int], last: dict[str, int] | None,
-           ann_threshold: int) -> list[Violation]:
+           ann_marks: tuple[int, int], ready: bool = False) -> list[Violation]:
     """``stored``: per source, [rows, ann rows]; ``extra``: per included source, the
-    stored chunks no current record allows."""
+    stored chunks no current record allows; ``ann_marks``: (threshold, leave mark);
+    ``ready``: the note's ``ann_ready``."""
     found = [Violation(user_id, "source_not_included", key, rows)
              for key, (rows, _) in sorted(stored.items()) if key not in included]
     found += [Violation(user_id, "not_allowed", key, n) for key, n in sorted(extra.items())]
@@ -92,10 +99,27 @@ def _judge(user_id: int, included: set[str], stored: dict[str, list[int]],
                 found.append(Violation(user_id, "count_mismatch", key, have - had))
     total = sum(rows for rows, _ in stored.values())
     ann_rows = sum(ann for _, ann in stored.values())
-    expected = total if total >= ann_threshold else 0
-    if ann_rows != expected:
-        found.append(Violation(user_id, "ann_flag", None, abs(ann_rows - expected)))
+    wrong = _judge_ann(total, ann_rows, ready, ann_marks[1])
+    if wrong:
+        found.append(Violation(user_id, "ann_flag", None, wrong))
     return found
+
+
+def _judge_ann(total: int, ann_rows: int, ready: bool, leave: int) -> int:
+    """How many rows' ``ann`` flag is wrong. Ready: every row in, and at least the leave
+    mark of them. Not ready: below the leave mark, no row in; at or above it, any number
+    (none: exact, or entering with the job not yet run; some or all: the job part way) —
+    the path follows ``ready``, so recall is right in each. Between the marks either
+    state is right, as long as the rows agree with it."""
+    if ready:
+        return total - ann_rows if ann_rows < total else (total if total < leave else 0)
+    return ann_rows if total < leave else 0
+
+
+def _entering(total: int, ann_rows: int, ready: bool, threshold: int, leave: int) -> bool:
+    """Not ready, and an indexing job should be under way: at the threshold, or part way
+    in and not below the leave mark."""
+    return not ready and total >= leave and (total >= threshold or ann_rows > 0)
 
 
 # Records age out of a retention window continuously, and leave memory at the build the
@@ -126,12 +150,15 @@ def _not_allowed(session: Session, checked: dict[str, list[int]],
     return extra
 
 
-def verify_memory(session: Session, *, ann_threshold: int,
+def verify_memory(session: Session, *, ann_threshold: int, ann_leave: int | None = None,
                   user_ids: Iterable[int] | None = None, repair: bool = True,
                   actor: Actor = SYSTEM, batch_size: int = BATCH_SIZE) -> VerifyReport:
     """Check every user (or ``user_ids``), a batch at a time; audit each violating user
-    and ask for a full rebuild of their memory. Flushes; the caller commits."""
+    and ask for a full rebuild of their memory, and (``repair``) the indexing job of each
+    user entering the HNSW index (a lost job is asked again). ``ann_leave``: the leave
+    mark (default: from ``ann_threshold``). Flushes; the caller commits (which pushes)."""
     report = VerifyReport(started_at=datetime.now(UTC))
+    marks = (ann_threshold, ann_leave_mark(ann_threshold) if ann_leave is None else ann_leave)
     plans, default = every_plan(session)
     wanted = sorted(set(user_ids)) if user_ids is not None else None
     after = 0
@@ -154,6 +181,8 @@ def verify_memory(session: Session, *, ann_threshold: int,
                 .where(MemoryChunk.user_id.in_(ids))
                 .group_by(MemoryChunk.user_id, MemoryChunk.source_key)):
             stored[user_id][key] = [rows, ann]
+        ready = set(session.scalars(select(MemoryState.user_id).where(
+            MemoryState.user_id.in_(ids), MemoryState.ann_ready)))
         last = _last_counts(session, ids)
         judged = [u for u in users if u.id not in pending]
         report.users_pending += len(users) - len(judged)
@@ -171,8 +200,15 @@ def verify_memory(session: Session, *, ann_threshold: int,
             mine = stored.get(u.id, {})
             report.users_checked += 1
             report.chunks_checked += sum(rows for rows, _ in mine.values())
-            report.violations += _judge(u.id, included[u.id], mine, extra.get(u.id, {}),
-                                        last.get(u.id), ann_threshold)
+            found = _judge(u.id, included[u.id], mine, extra.get(u.id, {}),
+                           last.get(u.id), marks, u.id in ready)
+            report.violations += found
+            total = sum(rows for rows, _ in mine.values())
+            ann_rows = sum(ann for _, ann in mine.values())
+            if not found and _entering(total, ann_rows, u.id in ready, *marks):
+                report.users_indexing += 1
+                if repair:
+                    request_indexing(session, u.id)
     _record(session, report, repair=repair, actor=actor)
     return report
 

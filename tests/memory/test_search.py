@@ -8,11 +8,12 @@ import pytest
 from sqlalchemy import event, insert, select, text
 
 from dashboard.memories.models import Memory
+from dashboard.memory.ann import index_batch
 from dashboard.memory.embedders import HashingEmbedder, minilm_available
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.memory.search import NothingToSearch, search_memory
-from tests.factories import make_user
+from tests.factories import make_user, mark_ann_ready
 
 LEXICAL = [
     "The quarterly tax filing is due on the fifteenth of April.",
@@ -150,11 +151,12 @@ def test_a_user_with_fewer_than_k_chunks_gets_them_all(db_session, count_queries
     with count_queries() as q:
         hits = search_memory(db_session, small.id, "anything", 10, embedder=RandomQuery(rng))
     assert sorted(h.content for h in hits) == [f"c{10_000 + i}" for i in range(4)]
-    assert q.count == 2  # the path (one row's flag), then the exact scan
+    assert q.count == 2  # the path (the note's flag, one row's model), then the exact scan
 
 
 def test_a_user_above_the_threshold_takes_the_partial_hnsw_index_and_gets_k_rows(db_session):
-    """A real build flags the user's rows (threshold 30); EXPLAIN of the very statement
+    """A real build and its indexing job flag the user's rows (threshold 30); EXPLAIN of
+    the very statement
     search_memory ran, replayed after its settings, is an Index Scan of the partial HNSW
     index with no Sort, and the result is exactly k of the user's rows, nearest first."""
     rng = np.random.default_rng(11)
@@ -165,7 +167,9 @@ def test_a_user_above_the_threshold_takes_the_partial_hnsw_index_and_gets_k_rows
                                      for i in range(60)])
     result = run_memory_build(big, "quick", session=db_session, embedder=embedder,
                               ann_threshold=30)
-    assert (result.ann, result.added) == (True, 60)
+    assert (result.ann, result.indexing, result.added) == (False, True, 60)
+    while not index_batch(db_session, big.id, leave=24, batch=500).done:
+        pass
 
     with Recorder() as recorder:
         hits = search_memory(db_session, big.id, "when is standup?", 10, embedder=embedder)
@@ -198,7 +202,7 @@ def test_an_approximate_path_that_comes_back_short_is_topped_up_exactly(db_sessi
     _random_chunks(db_session, crowd.id, 200, rng)
     big = make_user(db_session)
     _random_chunks(db_session, big.id, 40, rng, offset=10_000, ann=True)
-    db_session.flush()
+    mark_ann_ready(db_session, big.id)
     monkeypatch.setattr(search, "_hnsw", lambda *args: [])
     query = RandomQuery(np.random.default_rng(17))
     hits = search_memory(db_session, big.id, "anything", 10, embedder=query)
@@ -242,6 +246,8 @@ def test_a_chunk_with_nothing_to_search_on_is_never_a_hit(db_session, ann):
         "user_id": user.id, "source_key": "xmemo.saved", "source_id": "zero",
         "chunk_index": 0, "content_hash": "z" * 64, "content": "!!!",
         "embedding": np.zeros(384, dtype=np.float32), "embedding_model": "random", "ann": ann}])
+    if ann:
+        mark_ann_ready(db_session, user.id)
     hits = search_memory(db_session, user.id, "anything", 10, embedder=RandomQuery(rng))
     assert sorted(h.content for h in hits) == ["c0", "c1", "c2", "c3"]
     assert all(math.isfinite(h.distance) for h in hits)
