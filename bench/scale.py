@@ -1,20 +1,15 @@
-"""Scale benchmark: what a plan change costs for many users, how fast small users' builds
-drain, Memory Status for a large user, and a large user crossing ANN_MIN_CHUNKS.
+"""Scale benchmark: a plan change for many users, small users' builds, Memory Status for
+a large user, and a large user crossing ANN_MIN_CHUNKS; one run, counts and ratios.
 
     .venv/bin/python bench/scale.py              # 10,000 and 100,000 users, the full run
     .venv/bin/python bench/scale.py --quick      # small sizes, a smoke run
 
-On a database of its own (dropped after unless --keep). The users and their chunks are
-written in bulk by SQL, as builds would have left them: each user a profile chunk and a
-Blink chunk with its note and build record. Then, one run, printing counts and ratios:
-(1) an eviction for a plan of N users (the cap lowered, Blinks leave): the fan-out job's
-bulk apply, timed from the confirm's commit until every user's chunks and note agree with
-the plan, and the builds it asked (none expected); (2) an inclusion for 10,000 small users
-(the cap raised, chat history joins): the apply, then real ``flask worker --burst``
-processes draining the builds, on 2 workers; (3) builds per second of tiny users on 1 and 2
-workers; (4) Memory Status at 1k/10k/100k pairs with nothing changed and with one flagged
-pair (``bench/memory_status.py`` in a process of its own per size); (5) a 100,000-pair user
-crossing the threshold (``bench/_crossing.py``, when present). Nothing passes or fails."""
+On a database of its own (dropped after unless --keep), users written in bulk by SQL as
+builds would have left them. (1) An eviction (the cap lowered): the fan-out's bulk apply,
+confirm to every user agreeing; (2) an inclusion for 10,000 small users: the apply, then
+real burst workers building; (3) tiny builds/s on 1 and 2 workers; (4) Memory Status at
+1k/10k/100k pairs (``bench/memory_status.py``); (5) the crossing (``bench/_crossing.py``).
+Nothing passes or fails."""
 
 from __future__ import annotations
 

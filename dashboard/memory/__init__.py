@@ -1,14 +1,12 @@
 """The memory engine's front door: code outside ``dashboard/memory/`` imports this module
 only (a test holds it so); the modules behind it are the engine's own.
 
-- requests: ``request_build(s)``, the staff's and the user's own, ``build_for_change``
-  (the request a write's flush already made, reused);
+- requests: ``request_build(s)``, the staff's, the user's own, ``build_for_change``;
 - forgetting under the build lock: ``wait_for_builds``, ``forget_chunks``;
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
 - jobs: ``execute_build(s)``, ``abandon_build(s)``, the sweeper, the schedule, plan
-  fan-outs (``apply_plan_change``: in bulk), a model change, the truth check, the HNSW
-  indexing (``index_user_ann``);
+  fan-outs (``apply_plan_change``), a model change, the truth check, ``index_user_ann``;
 - what they run with: the queue (``defer_job``: another domain's ``Call`` after the
   commit), the embedders, the settings, the models."""
 
