@@ -14,7 +14,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
-from dashboard.memory.models import MemoryChunk
+from dashboard.memory.models import MemoryBuild, MemoryChunk
 from dashboard.refusals import Busy
 
 # Namespace of the per-user advisory lock (the other half is the user id).
@@ -42,6 +42,17 @@ def hold_user(session: Session, user_id: int) -> None:
     """The lock for as long as the session's connection lives (a build job's claim,
     run and record span several transactions); ``release_user`` gives it back."""
     session.execute(select(func.pg_advisory_lock(BUILD_LOCK_NAMESPACE, user_id)))
+
+
+def hold_build_owner(session: Session, build_id: int) -> int | None:
+    """``hold_user`` for the owner of build ``build_id``, read and locked in one round
+    trip (a batch of small builds pays every round trip once per user); their id, or
+    None if there is no such build."""
+    row = session.execute(select(MemoryBuild.user_id,
+                                 func.pg_advisory_lock(BUILD_LOCK_NAMESPACE,
+                                                       MemoryBuild.user_id))
+                          .where(MemoryBuild.id == build_id)).first()
+    return row[0] if row is not None else None
 
 
 def release_user(session: Session, user_id: int) -> None:

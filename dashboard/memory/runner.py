@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
 from dashboard.memory.embedders import Embedder, get_embedder
-from dashboard.memory.locks import hold_user, release_user
+from dashboard.memory.locks import hold_build_owner, release_user
 from dashboard.memory.models import MemoryBuild
 from dashboard.memory.pipeline import BuildResult, run_memory_build
 from dashboard.memory.requests import request_again
@@ -151,11 +151,9 @@ def execute_build(engine: Engine, build_id: int, *, settings: EngineSettings,
     embedder = embedder or get_embedder(settings.embedder)
     with engine.connect() as conn:
         session = Session(bind=conn, expire_on_commit=False)
-        user_id = session.scalar(select(MemoryBuild.user_id).where(MemoryBuild.id == build_id))
+        user_id = hold_build_owner(session, build_id)
         if user_id is None:
             return "missing"
-        hold_user(session, user_id)
-        session.commit()
         try:
             claimed = _claim(session, build_id, user_id, embedder)
             session.commit()
