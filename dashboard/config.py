@@ -196,7 +196,8 @@ def build_settings() -> dict[str, Any]:
         # The schedule treats a change stamped up to this long before a build read its
         # inputs as possibly missed (a stamp is its writer's transaction start).
         "BUILD_SCHEDULE_MARGIN_SECONDS": _env("BUILD_SCHEDULE_MARGIN_SECONDS", 60, float),
-        # Users per batch when an admin rebuilds a whole plan.
+        # Users per transaction when a plan change is applied (in bulk where it only
+        # removes) or an admin rebuilds a whole plan.
         "BUILD_FANOUT_BATCH": _env("BUILD_FANOUT_BATCH", 500, int),
         # Builds requested in one commit (a fan-out's batch, the schedule) run this many
         # to a job: one fork and one connection for all of them, each build still its

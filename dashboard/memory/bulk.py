@@ -176,10 +176,12 @@ def apply_plan_change(session: Session, plan_id: int, *,
     """The plan-change fan-out: apply its effect in bulk where it only removes, ask
     builds where it adds, a committed transaction per batch; then note the change as
     fanned out and audit it once, with counts."""
-    plan = session.get(Plan, plan_id)
-    if plan is None:
+    # Read, not the identity map's: a trigger stamps it, behind the ORM's back.
+    found = session.execute(select(Plan.id, Plan.memory_changed_at)
+                            .where(Plan.id == plan_id)).first()
+    if found is None:
         return PlanApplied()
-    changed_at = plan.memory_changed_at
+    changed_at = found.memory_changed_at
     result = PlanApplied()
     for result in apply_plan_change_batches(session, plan_id, batch_size=batch_size):  # noqa: B007
         session.commit()

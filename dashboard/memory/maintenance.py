@@ -127,9 +127,14 @@ def request_scheduled_builds(session: Session, *, margin_seconds: float,
                               literal("-infinity").cast(DateTime(timezone=True)))
         content_changed = or_(*[source.changed_since(User.id, since)
                                 for source in registered_sources()])
+        # A plan change whose fan-out ran is settled for every user of the plan: applied
+        # in bulk (a ``bulk`` record) or a build asked for each, in their transactions.
+        # Counting it again would ask a build of every user after each plan change.
         plan_changed = and_(last_read.is_not(None), or_(
             User.plan_changed_at > since,
-            exists().where(Plan.id == effective_plan_id(), Plan.memory_changed_at > since),
+            exists().where(Plan.id == effective_plan_id(), Plan.memory_changed_at > since,
+                           or_(Plan.fanned_out_at.is_(None),
+                               Plan.fanned_out_at < Plan.memory_changed_at)),
         ))
         condition = and_(User.active, or_(content_changed, plan_changed))
     user_ids = session.scalars(select(User.id).where(condition).order_by(User.id)).all()

@@ -220,3 +220,30 @@ def test_the_page_says_being_applied_until_the_users_batch_commits(client, db_se
     page = client.get("/memory/status").get_data(as_text=True)
     assert "data-being-applied" not in page
     assert "plan change applied to the whole plan at once" in page
+
+
+def test_the_schedule_asks_nothing_of_a_plan_change_the_apply_settled(db_session):
+    from dashboard.memory.maintenance import request_scheduled_builds
+
+    from datetime import timedelta
+
+    plan = make_plan(db_session, cap=4)
+    users = [make_user(db_session, plan=plan) for _ in range(4)]  # no content to change
+    for user in users:  # each built a while ago, as a worker records it
+        build(db_session, user, embedder=EMBEDDER)
+        db_session.add(MemoryBuild(user_id=user.id, mode="quick", trigger="admin",
+                                   status="succeeded",
+                                   inputs_read_at=func.now() - timedelta(minutes=5)))
+    from dashboard.auth.models import User
+
+    db_session.execute(User.__table__.update().where(User.id.in_([u.id for u in users]))
+                       .values(plan_changed_at=func.now() - timedelta(days=1)))  # long ago
+    plan.included_sources = 2
+    db_session.flush()
+    # Not applied yet: the safety net asks a build of each (its fan-out may be lost).
+    with db_session.begin_nested() as before_the_apply:
+        assert request_scheduled_builds(db_session, margin_seconds=60) == 4
+        before_the_apply.rollback()
+    assert apply_plan_change(db_session, plan.id).applied == 4
+    # Settled within the schedule's margin of the change: nothing to ask again.
+    assert request_scheduled_builds(db_session, margin_seconds=60) == 0
