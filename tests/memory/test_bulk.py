@@ -223,9 +223,9 @@ def test_the_page_says_being_applied_until_the_users_batch_commits(client, db_se
 
 
 def test_the_schedule_asks_nothing_of_a_plan_change_the_apply_settled(db_session):
-    from dashboard.memory.maintenance import request_scheduled_builds
-
     from datetime import timedelta
+
+    from dashboard.memory.maintenance import request_scheduled_builds
 
     plan = make_plan(db_session, cap=4)
     users = [make_user(db_session, plan=plan) for _ in range(4)]  # no content to change
