@@ -79,6 +79,15 @@ def make_plan(app, name: str, cap: int) -> int:
     return plan_id
 
 
+def insert_users(conn, plan_id: int, count: int, tag: str) -> str:
+    """``count`` users of the plan, by one statement; SQL selecting the plan's user ids."""
+    conn.execute(text(
+        "INSERT INTO users (email, display_name, password_hash, plan_id) "
+        "SELECT :tag || n || '@bench.test', 'u', 'x', :plan FROM generate_series(1, :n) n"),
+        {"tag": tag, "plan": plan_id, "n": count})
+    return f"SELECT id FROM users WHERE plan_id = {plan_id}"
+
+
 def built_users(app, plan_id: int, count: int, tag: str) -> None:
     """``count`` users, each with a profile chunk and a Blink chunk as a build leaves
     them (the chunk, the note, a succeeded record): by SQL, in a few statements."""
@@ -88,11 +97,7 @@ def built_users(app, plan_id: int, count: int, tag: str) -> None:
     vector = "[" + ",".join(["0.05"] * 384) + "]"
     with app.app_context():
         conn = db.session.connection()
-        conn.execute(text(
-            "INSERT INTO users (email, display_name, password_hash, plan_id) "
-            "SELECT :tag || n || '@bench.test', 'u', 'x', :plan FROM generate_series(1, :n) n"),
-            {"tag": tag, "plan": plan_id, "n": count})
-        ids = f"SELECT id FROM users WHERE plan_id = {plan_id}"
+        ids = insert_users(conn, plan_id, count, tag)
         conn.execute(text(
             "INSERT INTO memory_chunks (user_id, source_key, source_id, chunk_index, "
             "content_hash, content, embedding, embedding_model, ann) "
@@ -119,11 +124,7 @@ def small_chatters(app, plan_id: int, count: int, tag: str) -> None:
     """``count`` users with a profile fact and two chat pairs each, never built."""
     with app.app_context():
         conn = db.session.connection()
-        conn.execute(text(
-            "INSERT INTO users (email, display_name, password_hash, plan_id) "
-            "SELECT :tag || n || '@bench.test', 'u', 'x', :plan FROM generate_series(1, :n) n"),
-            {"tag": tag, "plan": plan_id, "n": count})
-        ids = f"SELECT id FROM users WHERE plan_id = {plan_id}"
+        ids = insert_users(conn, plan_id, count, tag)
         conn.execute(text("INSERT INTO profile_facts (user_id, key, value) "
                           f"SELECT id, 'city', 'Lisbon ' || id FROM ({ids}) u"))
         conn.execute(text("INSERT INTO conversations (user_id, title, status) "
