@@ -128,8 +128,8 @@ def test_switching_chat_history_off_for_free_shows_impact_and_is_audited(
     impact = page.find("#impact")
     assert [li.text for li in impact.find_elements("css selector", "li")] == [
         f"{expected_users} user(s) lose Chat history"]
-    assert (f"Confirming requests a memory build for each of the {expected_users} active "
-            "user(s) of Free") in impact.text
+    assert (f"Confirming removes Chat history from the memory of the {expected_users} active "
+            "user(s) of Free in the background") in impact.text
     page.screenshot("staff-impact-preview.png")
 
     before_seq = newest_seq(committed.session)
