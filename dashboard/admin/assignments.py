@@ -139,4 +139,6 @@ def _impact_sentence(impact: Any) -> str:
     parts += [f"{impact.users} user(s) lose {s.label}" for s in impact.lost]
     if not parts:
         return "No user's memory changes."
-    return "; ".join(parts) + ". Their memory builds have been requested."
+    if impact.gained:
+        return "; ".join(parts) + ". Their memory builds have been requested."
+    return "; ".join(parts) + ". It is being applied to their memory, without rebuilds."

@@ -138,7 +138,7 @@ def test_switching_chat_history_off_for_free_shows_impact_and_is_audited(
     page.settle()
     assert page.driver.current_url == page.base_url + MATRIX_PATH
     assert (f"Switch Chat history off for Free: done. {expected_users} user(s) lose Chat "
-            "history. Their memory builds have been requested.") in success.text
+            "history. It is being applied to their memory, without rebuilds.") in success.text
     cell = chat_cell(page, free.id)
     assert cell.get_attribute("data-row") == "off"
     assert cell.get_attribute("data-state") == "not_assigned_by_admin"
