@@ -131,3 +131,25 @@ def test_a_small_users_build_costs_the_same_statements_in_a_batch_of_any_size(
     # Read and lock the owner, claim, build, record, release: no round trip more per user.
     assert one.count <= 18
     assert four.count == 4 * one.count
+
+
+def test_a_cold_shutdown_during_a_batch_records_its_running_build(app, committed, queue):
+    from types import SimpleNamespace
+
+    from jobs.worker import _record_interrupted_build
+
+    session = committed.session
+    users = users_with_a_fact(session, 2, committed.user)
+    ids = [r.build_id for r in request_builds(session, [u.id for u in users])]
+    session.commit()
+    (job,) = queue.get_jobs()
+    session.execute(update(MemoryBuild).where(MemoryBuild.id == ids[0])
+                    .values(status="running", attempts=1))
+    session.commit()
+    # What RQ's worker tells us after it killed the work horse: the job it was running.
+    worker = SimpleNamespace(get_current_job_id=lambda: job.id, connection=queue.connection)
+    _record_interrupted_build(app, worker)
+    session.expire_all()
+    first = session.get(MemoryBuild, ids[0])
+    assert first.status == "failed" and first.error == "worker shut down during the build"
+    assert statuses(session, ids)[ids[1]] == "queued"
