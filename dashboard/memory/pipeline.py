@@ -224,17 +224,24 @@ def compare_everything(session: Session, user_id: int, included: tuple[str, ...]
     return comparison
 
 
+def read_note(session: Session, user_id: int) -> tuple[MemoryState | None, bool]:
+    """The user's note, and whether it is from another transaction history (one
+    statement): a build reads it once, for the comparison, the index and its own note."""
+    return tuple(session.execute(
+        select(MemoryState, _FROM_ANOTHER_HISTORY).where(MemoryState.user_id == user_id)
+    ).first() or (None, False))
+
+
 def compare_for_quick(session: Session, user_id: int, included: tuple[str, ...], model: str,
-                      summary: StoredSummary, cutoffs: Cutoffs | None = None) -> Comparison:
+                      summary: StoredSummary, cutoffs: Cutoffs | None = None,
+                      note: tuple[MemoryState | None, bool] | None = None) -> Comparison:
     """What a quick update changes. It starts from what the stored chunks reflect
     (``MemoryState``, written by the build that stored them): a source no longer included
     loses all its chunks, and a source included then and now is re-read — chat history
     only for the conversations written by a transaction that build could not see (still
     running when it read its inputs, or later), the other sources whole. Without a state,
     or with chunks of another embedding model, it compares everything."""
-    state, another_history = session.execute(
-        select(MemoryState, _FROM_ANOTHER_HISTORY).where(MemoryState.user_id == user_id)
-    ).first() or (None, False)
+    state, another_history = note if note is not None else read_note(session, user_id)
     if state is None or summary.foreign_model or state.embedding_model != model \
             or another_history:
         return compare_everything(session, user_id, included, model, cutoffs=cutoffs)
@@ -431,14 +438,15 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     included = resolution.included_keys
     cutoffs = resolution.cutoffs(result.inputs_read_at)
     summary = stored_summary(session, user.id, embedder.name)
-    # Read under the lock: the indexing job changes it only holding the same lock.
-    ready = bool(session.scalar(select(MemoryState.ann_ready)
-                                .where(MemoryState.user_id == user.id)))
+    # Read under the lock: the indexing job changes ``ann_ready`` only holding it too.
+    note = read_note(session, user.id)
+    state = note[0]
+    ready = bool(state is not None and state.ann_ready)
 
     replace: list[Any] | None = None  # full, replaced: every stored row (id, key, model)
     if mode == "quick":
         comparison = compare_for_quick(session, user.id, included, embedder.name, summary,
-                                       cutoffs)
+                                       cutoffs, note)
     else:
         fresh = fresh_chunks(extract(session, user.id, included), cutoffs)
         stored = _stored(session, user.id)
@@ -493,7 +501,7 @@ def _run_memory_build(user: Any, mode: str, session: Session, embedder: Embedder
     result.reused = len(reuse_ids)
     result.per_source = {key: {"added": a, "removed": r, "kept": k}
                          for key, (a, r, k) in comparison.counts.items() if a or r or k}
-    _record_state(session, user.id, result, included, embedder.name, build_id, ready)
+    _record_state(session, user.id, result, included, embedder.name, build_id, state)
     if ann.index:
         request_indexing(session, user.id)
     result.timings["total_ms"] = _ms(started)
@@ -537,20 +545,20 @@ def _replace_all(session: Session, user_id: int, reuse_ids: list[int], build_id:
 
 def _record_state(session: Session, user_id: int, result: BuildResult,
                   included: tuple[str, ...], model: str, build_id: int | None,
-                  was_ready: bool) -> None:
-    """Note what the chunks now reflect. A build that changed nothing leaves an existing
-    note alone (it still holds: nothing read since then differs), so it writes nothing."""
+                  state: MemoryState | None) -> None:
+    """Note what the chunks now reflect (``state``: the note the build started from). A
+    build that changed nothing leaves an existing note alone (it still holds: nothing
+    read since then differs), so it writes nothing."""
     values = {"inputs_read_at": result.inputs_read_at, "snapshot": result.snapshot,
               "included_keys": list(included), "embedding_model": model,
               "build_id": build_id, "ann_ready": result.ann}
-    if not (result.added or result.removed):
-        state = session.get(MemoryState, user_id)
-        if state is not None and (state.included_keys, state.embedding_model) == \
-                (list(included), model):
-            if was_ready != result.ann:  # a changed setting, or rows that disagreed
-                session.execute(update(MemoryState).where(MemoryState.user_id == user_id)
-                                .values(ann_ready=result.ann))
-            return
+    unchanged = not (result.added or result.removed)
+    if unchanged and state is not None and \
+            (state.included_keys, state.embedding_model) == (list(included), model):
+        if state.ann_ready != result.ann:  # a changed setting, or rows that disagreed
+            session.execute(update(MemoryState).where(MemoryState.user_id == user_id)
+                            .values(ann_ready=result.ann))
+        return
     session.execute(pg_insert(MemoryState).values(user_id=user_id, **values)
                     .on_conflict_do_update(index_elements=[MemoryState.user_id], set_=values))
 
