@@ -19,7 +19,6 @@ from sqlalchemy import (
     exists,
     func,
     insert,
-    or_,
     select,
     text,
     update,
@@ -30,10 +29,11 @@ from sqlalchemy.orm import Session
 from dashboard.audit.services import SYSTEM, record_event
 from dashboard.auth.models import User
 from dashboard.memory.locks import BUILD_LOCK_NAMESPACE
+from dashboard.memory.maintenance import mark_fanned_out, plan_change_stamp
 from dashboard.memory.models import MemoryBuild, MemoryChunk, MemoryState
 from dashboard.memory.requests import request_builds
 from dashboard.plans.models import Plan
-from dashboard.plans.services import UserPlan, resolve_sources, users_of_plan
+from dashboard.plans.services import UserPlan, get_plan, resolve_sources, users_of_plan
 
 APPLY_ACTION = "plan.change_applied"
 # Users per transaction: each holds one advisory lock per user until it commits, and the
@@ -88,9 +88,9 @@ def _counts(rows) -> dict[int, dict[str, int]]:
     return out
 
 
-def _apply_batch(session: Session, plan: Plan, ids: list[int],
+def _apply_batch(session: Session, plan: UserPlan, ids: list[int],
                  result: PlanApplied) -> None:
-    resolution = resolve_sources(UserPlan.from_plan(plan))
+    resolution = resolve_sources(plan)
     keep = list(resolution.included_keys)
     free = _lock_free(session, ids)
     notes = _notes(session, sorted(free))
@@ -154,8 +154,7 @@ def apply_plan_change_batches(session: Session, plan_id: int, *,
     result = PlanApplied()
     after = 0
     while True:
-        plan = session.scalars(select(Plan).where(Plan.id == plan_id)
-                               .execution_options(populate_existing=True)).first()
+        plan = get_plan(session, plan_id)  # fresh, with its assignments, each batch
         if plan is None:
             return
         ids = list(session.scalars(
@@ -176,20 +175,13 @@ def apply_plan_change(session: Session, plan_id: int, *,
     """The plan-change fan-out: apply its effect in bulk where it only removes, ask
     builds where it adds, a committed transaction per batch; then note the change as
     fanned out and audit it once, with counts."""
-    # Read, not the identity map's: a trigger stamps it, behind the ORM's back.
-    found = session.execute(select(Plan.id, Plan.memory_changed_at)
-                            .where(Plan.id == plan_id)).first()
-    if found is None:
+    if session.get(Plan, plan_id) is None:
         return PlanApplied()
-    changed_at = found.memory_changed_at
+    changed_at = plan_change_stamp(session, plan_id)
     result = PlanApplied()
     for result in apply_plan_change_batches(session, plan_id, batch_size=batch_size):  # noqa: B007
         session.commit()
-    if changed_at is not None:
-        session.execute(
-            update(Plan).where(Plan.id == plan_id,
-                               or_(Plan.fanned_out_at.is_(None), Plan.fanned_out_at < changed_at))
-            .values(fanned_out_at=changed_at))
+    mark_fanned_out(session, plan_id, changed_at)
     record_event(session, action=APPLY_ACTION, actor=SYSTEM, target_type="plan",
                  target_id=plan_id, details=result.details())
     session.commit()

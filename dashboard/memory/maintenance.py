@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import DateTime, and_, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session
@@ -87,21 +88,33 @@ def fan_out_plan_builds(session: Session, plan_id: int, *, batch_size: int,
     plan = session.get(Plan, plan_id)
     if plan is None:
         return 0
-    changed_at = plan.memory_changed_at
+    changed_at = plan_change_stamp(session, plan_id)
     total = 0
     for count in request_builds_for_plan(session, plan, mode=mode, trigger=trigger,
                                          requested_by_id=requested_by_id,
                                          batch_size=batch_size):
         session.commit()
         total += count
+    mark_fanned_out(session, plan_id, changed_at)
+    session.commit()
+    return total
+
+
+def plan_change_stamp(session: Session, plan_id: int) -> Any:
+    """The plan's latest cap or assignment change, read from the table (a trigger writes
+    it, behind the ORM's back): taken before a fan-out starts."""
+    return session.scalar(select(Plan.memory_changed_at).where(Plan.id == plan_id))
+
+
+def mark_fanned_out(session: Session, plan_id: int, changed_at: Any) -> None:
+    """The change read before the fan-out is done; a later one stays due (the sweeper
+    pushes its fan-out again)."""
     if changed_at is not None:
         session.execute(
             update(Plan).where(Plan.id == plan_id,
                                or_(Plan.fanned_out_at.is_(None), Plan.fanned_out_at < changed_at))
             .values(fanned_out_at=changed_at)
         )
-    session.commit()
-    return total
 
 
 # -- the schedule ---------------------------------------------------

@@ -238,6 +238,13 @@ def find_plan(session: Session, slug_or_name: str) -> Plan:
     return plan
 
 
+def get_plan(session: Session, plan_id: int) -> UserPlan | None:
+    """A plan by id with its assignment rows, read fresh (one query): for a job that
+    resolves a plan's users batch by batch while staff may change it."""
+    plan = _load_plan(session, Plan.id == plan_id)
+    return UserPlan.from_plan(plan) if plan else None
+
+
 def get_default_plan(session: Session) -> UserPlan:
     plan = _load_plan(session, Plan.is_default)
     return UserPlan.from_plan(plan) if plan else FALLBACK_PLAN
