@@ -7,6 +7,7 @@ import os
 
 from dashboard import memory
 from dashboard.extensions import db
+from dashboard.queues import build_queue
 from jobs import job_app
 
 
@@ -23,8 +24,6 @@ def run_build(build_id: int) -> str:
 def run_builds(build_ids: list[int]) -> dict[str, int]:
     """Several builds in one job (one fork, one connection, the model loaded once), each
     exactly as ``run_build`` runs it alone."""
-    from dashboard.queues import build_queue
-
     app = job_app()
     with app.app_context():
         db.engine.dispose(close=False)

@@ -38,16 +38,11 @@ def lock_user(session: Session, user_id: int) -> None:
     session.execute(select(func.pg_advisory_xact_lock(BUILD_LOCK_NAMESPACE, user_id)))
 
 
-def hold_user(session: Session, user_id: int) -> None:
-    """The lock for as long as the session's connection lives (a build job's claim,
-    run and record span several transactions); ``release_user`` gives it back."""
-    session.execute(select(func.pg_advisory_lock(BUILD_LOCK_NAMESPACE, user_id)))
-
-
 def hold_build_owner(session: Session, build_id: int) -> int | None:
-    """``hold_user`` for the owner of build ``build_id``, read and locked in one round
-    trip (a batch of small builds pays every round trip once per user); their id, or
-    None if there is no such build."""
+    """The lock of build ``build_id``'s owner, read and taken in one round trip, for as
+    long as the session's connection lives (a build job's claim, run and record span
+    several transactions; ``release_user`` gives it back). The owner's id, or None if
+    there is no such build."""
     row = session.execute(select(MemoryBuild.user_id,
                                  func.pg_advisory_lock(BUILD_LOCK_NAMESPACE,
                                                        MemoryBuild.user_id))

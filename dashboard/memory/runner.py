@@ -16,7 +16,7 @@ from contextlib import suppress
 from typing import Any
 
 from rq.timeouts import JobTimeoutException
-from sqlalchemy import func, select, update
+from sqlalchemy import func, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session
@@ -114,12 +114,19 @@ def abandon_build(engine: Engine, build_id: int, reason: str, *,
     is still to be built. Only a running build: one still queued (its horse died waiting
     for the user's lock, or it went back to the queue for a retry) stays queued, and
     runs. True if it was running."""
+    return abandon_builds(engine, [build_id], reason, max_attempts=max_attempts) == 1
+
+
+def abandon_builds(engine: Engine, build_ids: list[int], reason: str, *,
+                   max_attempts: int = EngineSettings.max_attempts) -> int:
+    """``abandon_build`` for the builds of one job (a batch: at most one of them runs,
+    and those not started stay queued, for the sweeper to push again), in one
+    transaction; how many were running."""
     with Session(engine) as session, session.begin():
-        failed = session.execute(fail_running(MemoryBuild.id == build_id, reason=reason))
-        if failed.rowcount != 1:
-            return False
-        request_again(session, [build_id], max_attempts=max_attempts)
-    return True
+        failed = session.execute(fail_running(MemoryBuild.id.in_(build_ids), reason=reason)
+                                 .returning(MemoryBuild.id)).scalars().all()
+        request_again(session, failed, max_attempts=max_attempts)
+    return len(failed)
 
 
 def _claim(session: Session, build_id: int, user_id: int, embedder: Embedder):
@@ -214,21 +221,6 @@ def execute_builds(engine: Engine, build_ids: list[int], *, settings: EngineSett
             status = "queued"
         outcomes[status] = outcomes.get(status, 0) + 1
     return outcomes
-
-
-def abandon_builds(engine: Engine, build_ids: list[int], reason: str, *,
-                   max_attempts: int = EngineSettings.max_attempts) -> int:
-    """``abandon_build`` for a batch job that ended outside our code: the one of its
-    builds that was running (at most one) is failed and asked again; those not started
-    stay queued, for the sweeper to push again."""
-    return sum(abandon_build(engine, build_id, reason, max_attempts=max_attempts)
-               for build_id in _running(engine, build_ids))
-
-
-def _running(engine: Engine, build_ids: list[int]) -> list[int]:
-    with engine.connect() as conn:
-        return list(conn.scalars(select(MemoryBuild.id).where(
-            MemoryBuild.id.in_(build_ids), MemoryBuild.status == "running")))
 
 
 def _safe_rollback(session: Session) -> None:
