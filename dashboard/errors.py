@@ -55,10 +55,20 @@ def page_words(exc: HTTPException) -> tuple[str, str]:
 
 def _error_page(code: int, title: str, detail: str):
     """The error page, in the context it happened in: the staff console's own way back
-    and no chat dock there; the home page (or sign-in) elsewhere."""
+    and no chat dock there; the home page (or sign-in) elsewhere. The page reads the
+    database (who is signed in, the chat notice): if that fails too, the transaction is
+    rolled back and the page sent bare, rather than an error escaping the error handler
+    (werkzeug's own 500 would carry none of our headers)."""
     staff = request.path.startswith(STAFF_PATHS)
-    return render_template("error.html", code=code, title=title, detail=detail,
-                           staff=staff), code
+    try:
+        return render_template("error.html", code=code, title=title, detail=detail,
+                               staff=staff), code
+    except Exception as again:
+        _rollback()
+        log.error("the error page failed too: %s", type(again).__name__)
+        response = make_response(f"{title}\n\n{detail}\n", code)
+        response.mimetype = "text/plain"
+        return response
 
 
 def refusal_status(refusal: Refusal) -> int:
@@ -160,6 +170,9 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def unhandled(exc: Exception):
+        # The transaction may be what failed (a race's IntegrityError): the page reads the
+        # database, so roll back first.
+        _rollback()
         # The exception type only: messages can quote user content.
         log.error("unhandled %s on %s %s", type(exc).__name__, request.method, request.path,
                   exc_info=app.debug)

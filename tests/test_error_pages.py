@@ -50,3 +50,42 @@ def test_a_request_of_the_wrong_kind_says_so(client):
     assert response.status_code == 405
     _, card = _page(response)
     assert card.find("h1").normalized_text == "Not this way (405)"
+
+
+def _fails_in_the_database(*args, **kwargs):
+    """A page's work that fails the transaction half way (as a race's IntegrityError
+    does): the statement errors, the transaction is aborted."""
+    from sqlalchemy import text
+
+    from dashboard.extensions import db
+    db.session.execute(text("SELECT * FROM no_such_table_for_the_error_page"))
+
+
+def test_an_error_that_aborted_the_transaction_gets_our_page_and_headers(
+        client, user, app, monkeypatch):
+    monkeypatch.setattr("dashboard.views.resolution_of", _fails_in_the_database)
+    monkeypatch.setitem(app.config, "PROPAGATE_TEST_ERRORS", False)
+    response = client.get("/")
+    assert response.status_code == 500
+    page, card = _page(response)  # the whole page: it read the database after a rollback
+    assert card.find("h1").normalized_text == "Something went wrong (500)"
+    assert page.find("details", cls="op-dock") is not None
+    assert "no_such_table" not in response.get_data(as_text=True)
+    assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_an_error_page_that_fails_too_is_sent_bare_with_the_headers(
+        client, user, app, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("the template could not render")
+
+    monkeypatch.setattr("dashboard.views.resolution_of", _fails_in_the_database)
+    monkeypatch.setattr("dashboard.errors.render_template", broken)
+    monkeypatch.setitem(app.config, "PROPAGATE_TEST_ERRORS", False)
+    response = client.get("/")
+    assert response.status_code == 500
+    assert response.mimetype == "text/plain"
+    assert response.get_data(as_text=True).startswith("Something went wrong")
+    assert "could not render" not in response.get_data(as_text=True)
+    assert "frame-ancestors 'none'" in response.headers["Content-Security-Policy"]
