@@ -175,7 +175,14 @@ def execute_build(engine: Engine, build_id: int, *, settings: EngineSettings,
                                               ann_threshold=settings.ann_min_chunks,
                                               ann_leave=settings.ann_leave_chunks,
                                               ann_batch=settings.ann_index_batch)
-                    _record_success(session, build_id, result)
+                    if not _record_success(session, build_id, result):
+                        # The sweeper failed it meanwhile (a heartbeat it missed) and may
+                        # have asked it again: the record says failed, so memory must not
+                        # hold this build's swap either.
+                        _safe_rollback(session)
+                        log.warning("build %s was ended by the sweeper before it finished; "
+                                    "its work is rolled back", build_id)
+                        return "failed"
                     session.commit()
                     return "succeeded"
                 except BaseException as exc:
@@ -229,13 +236,15 @@ def _safe_rollback(session: Session) -> None:
         session.rollback()
 
 
-def _record_success(session: Session, build_id: int, result: BuildResult) -> None:
-    session.execute(
-        update(MemoryBuild).where(MemoryBuild.id == build_id).values(
+def _record_success(session: Session, build_id: int, result: BuildResult) -> bool:
+    """Only a running build can succeed: False when another process ended it meanwhile."""
+    return session.execute(
+        update(MemoryBuild).where(MemoryBuild.id == build_id,
+                                  MemoryBuild.status == "running").values(
             status="succeeded", finished_at=func.clock_timestamp(), error=None,
             added=result.added, removed=result.removed, kept=result.kept,
             embedded=result.embedded, reused=result.reused, resolution=result.resolution,
             source_counts=result.per_source, timings=result.timings,
             inputs_read_at=result.inputs_read_at,
         )
-    )
+    ).rowcount == 1

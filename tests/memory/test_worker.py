@@ -192,6 +192,38 @@ def test_an_exception_mid_build_leaves_previous_chunks_and_a_failed_record(app, 
         assert run_build(third) == "succeeded"
 
 
+def test_a_build_the_sweeper_failed_meanwhile_is_not_marked_succeeded(app, committed,
+                                                                     queue):
+    from dashboard.memory.runner import fail_running
+
+    user = chat_user(committed, pairs=3)
+    first = requested_here(committed, queue, user.id)
+    with app.app_context():
+        assert run_build(first) == "succeeded"
+    before = chunk_count(committed.session, user.id)
+    committed.session.add(ProfileFact(user_id=user.id, key="city", value="Lyon"))
+    committed.session.commit()
+    second = requested_here(committed, queue, user.id, mode="full")
+
+    class SweptMidBuild(HashingEmbedder):
+        """While it embeds, the sweeper (another connection) fails the running build, as
+        it does when a heartbeat is late."""
+
+        def embed(self, texts):
+            with db.engine.begin() as conn:
+                conn.execute(fail_running(MemoryBuild.id == second,
+                                          reason="no heartbeat for 300 s"))
+            return super().embed(texts)
+
+    SweptMidBuild.name = "swept-mid-build"
+    with app.app_context():
+        assert run_build(second, embedder=SweptMidBuild()) == "failed"
+    row = build_row(committed.session, second)
+    assert (row.status, row.error) == ("failed", "no heartbeat for 300 s")
+    # The record says failed, so its swap did not land either.
+    assert chunk_count(committed.session, user.id) == before
+
+
 @pytest.mark.processes
 def test_a_worker_killed_mid_job_leaves_a_failed_record_then_builds_again(app, committed,
                                                                           queue, tmp_path):
