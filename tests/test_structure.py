@@ -155,6 +155,29 @@ def test_what_goes_through_a_front_door_is_on_its_list():
     assert wrong == []
 
 
+# The engine's own tables: rows only the engine writes (others ask it, through its door).
+ENGINE_TABLES = {"MemoryBuild", "MemoryChunk", "MemoryState", "DeletedPart"}
+
+
+def engine_writes_outside(modules: dict[str, Path]) -> list[str]:
+    """``delete(X)``/``update(X)``/``insert(X)`` of an engine table outside the engine."""
+    found = []
+    for name, path in modules.items():
+        if name == "dashboard.memory" or name.startswith("dashboard.memory."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("delete", "update", "insert", "pg_insert") \
+                    and node.args and isinstance(node.args[0], ast.Name) \
+                    and node.args[0].id in ENGINE_TABLES:
+                found.append(f"{name}:{node.lineno} {node.func.id}({node.args[0].id})")
+    return found
+
+
+def test_only_the_engine_writes_its_own_tables():
+    assert engine_writes_outside(MODULES) == []
+
+
 def test_every_refusal_kind_has_an_answer_at_each_edge():
     from dashboard.errors import PAGE_STATUS
     from dashboard.memories.api import REFUSALS
@@ -293,3 +316,12 @@ def test_nothing_points_at_sections_of_a_document_outside_the_repository(tree):
               if path.is_file() and path.suffix in {".py", ".html", ".md", ".js", ".css"}
               and "\u00a7" in path.read_text(encoding="utf-8")]
     assert marked == []
+
+
+def test_the_engine_table_check_sees_a_write_from_outside(tmp_path):
+    module = tmp_path / "prunes.py"
+    module.write_text("from sqlalchemy import delete\n"
+                      "def prune(session):\n"
+                      "    session.execute(delete(MemoryBuild))\n")
+    assert engine_writes_outside({"dashboard.retention.prunes": module}) == [
+        "dashboard.retention.prunes:3 delete(MemoryBuild)"]

@@ -6,7 +6,8 @@ only (a test holds it so); the modules behind it are the engine's own.
 - reading: ``search_memory`` (``NothingToSearch``), ``preview_memory_build``,
   ``memory_status``;
 - jobs: ``execute_build(s)``, ``abandon_build(s)``, the sweeper, the schedule, plan
-  fan-outs (``apply_plan_change``), a model change, the truth check, ``index_user_ann``;
+  fan-outs (``apply_plan_change``), a model change, the truth check, ``index_user_ann``,
+  pruning old build records and tombstones (for retention);
 - what they run with: the queue (``defer_job``: another domain's ``Call`` after the
   commit), the embedders, the settings, the models."""
 
@@ -26,6 +27,8 @@ from dashboard.memory.embedders import (
 from dashboard.memory.locks import BuildsBusy, count_item_chunks, forget_chunks, wait_for_builds
 from dashboard.memory.maintenance import (
     fan_out_plan_builds,
+    prune_build_records,
+    prune_tombstones,
     request_scheduled_builds,
     sweep_builds,
 )
@@ -76,7 +79,7 @@ __all__ = [
     # jobs
     "IndexOutcome", "ModelChange", "PlanApplied", "abandon_build", "abandon_builds",
     "apply_plan_change", "execute_builds", "execute_build", "fan_out_plan_builds",
-    "index_user_ann",
+    "index_user_ann", "prune_build_records", "prune_tombstones",
     "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
     "sweep_builds", "VIOLATION_KINDS", "VerifyReport", "last_verification", "verify_memory",
     # what they run with

@@ -1,19 +1,20 @@
 """Work around builds that no single request does: the sweeper, the schedule (only a
-safety net: every change requests its build in its own transaction, ``memory.changes``)
-and plan fan-outs. ``jobs.periodic`` runs them."""
+safety net: every change requests its build in its own transaction, ``memory.changes``),
+plan fan-outs, and pruning the engine's own old rows (retention asks for it).
+``jobs.periodic`` runs them."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, and_, exists, func, literal, or_, select, update
+from sqlalchemy import DateTime, and_, delete, exists, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from dashboard.auth.models import User
-from dashboard.memory.models import MemoryBuild
+from dashboard.memory.models import DeletedPart, MemoryBuild, MemoryState
 from dashboard.memory.queue import BuildQueue, build_job_id, fanout_job_id
 from dashboard.memory.requests import (
     Fanout,
@@ -153,3 +154,29 @@ def request_scheduled_builds(session: Session, *, margin_seconds: float,
     user_ids = session.scalars(select(User.id).where(condition).order_by(User.id)).all()
     request_builds(session, user_ids, trigger="schedule")
     return len(user_ids)
+
+
+# -- pruning ----------------------------------------------------------------------------------
+
+def prune_build_records(session: Session, *, before: datetime, limit: int) -> int:
+    """Delete up to ``limit`` finished build records created before ``before``; how many
+    went. Each user's latest succeeded build stays: the truth check and Memory Status
+    read it."""
+    latest = (select(func.max(MemoryBuild.id)).where(MemoryBuild.status == "succeeded")
+              .group_by(MemoryBuild.user_id))
+    batch = (select(MemoryBuild.id).where(
+        MemoryBuild.status.in_(("succeeded", "failed")), MemoryBuild.created_at < before,
+        MemoryBuild.id.not_in(latest)).limit(limit))
+    return session.execute(delete(MemoryBuild).where(MemoryBuild.id.in_(batch))).rowcount or 0
+
+
+def prune_tombstones(session: Session, *, now: datetime) -> int:
+    """Delete the tombstones of deleted conversations once a build that read after them
+    ran (a day later, well past any snapshot of the deleting transaction), and those of
+    a deleted user; how many went."""
+    return session.execute(delete(DeletedPart).where(
+        DeletedPart.deleted_at < now - timedelta(days=7),
+        ~exists().where(User.id == DeletedPart.user_id)
+        | exists().where(MemoryState.user_id == DeletedPart.user_id,
+                         MemoryState.inputs_read_at > DeletedPart.deleted_at
+                         + timedelta(days=1)))).rowcount or 0

@@ -25,7 +25,12 @@ from dashboard.connectors.models import ConnectorAccess
 from dashboard.holds import LegalHold, held_users, hold_condition, is_held
 from dashboard.memories.models import SCOPES, ForgetMarker, Memory
 from dashboard.memories.services import forget_memory
-from dashboard.memory import DeletedPart, MemoryBuild, MemoryChunk, MemoryState, request_builds
+from dashboard.memory import (
+    MemoryChunk,
+    prune_build_records,
+    prune_tombstones,
+    request_builds,
+)
 from dashboard.plans.models import Plan
 from dashboard.plans.services import retention_of, users_of_plan
 from dashboard.refusals import Conflict, FieldError
@@ -312,28 +317,14 @@ def _prune(session: Session, now: datetime, config: Mapping[str, Any],
            run: RetentionRun) -> None:
     build_days, access_days = config.get("BUILD_RECORD_DAYS"), config.get("ACCESS_LOG_DAYS")
     if build_days:
-        # Each user's latest succeeded build stays: the truth check and Memory Status read it.
-        latest = (select(func.max(MemoryBuild.id)).where(MemoryBuild.status == "succeeded")
-                  .group_by(MemoryBuild.user_id))
         while True:
-            batch = (select(MemoryBuild.id).where(
-                MemoryBuild.status.in_(("succeeded", "failed")),
-                MemoryBuild.created_at < cutoff(build_days, now),
-                MemoryBuild.id.not_in(latest)).limit(PRUNE_BATCH))
-            pruned = session.execute(delete(MemoryBuild).where(MemoryBuild.id.in_(batch))
-                                     ).rowcount or 0
+            pruned = prune_build_records(session, before=cutoff(build_days, now),
+                                         limit=PRUNE_BATCH)
             run.builds_pruned += pruned
             session.commit()
             if pruned < PRUNE_BATCH:
                 break
-    # Tombstones of deleted conversations, once a build that read after them ran (a day
-    # later, well past any snapshot of the deleting transaction), or of a deleted user.
-    run.tombstones_pruned = session.execute(delete(DeletedPart).where(
-        DeletedPart.deleted_at < now - timedelta(days=7),
-        ~exists().where(User.id == DeletedPart.user_id)
-        | exists().where(MemoryState.user_id == DeletedPart.user_id,
-                         MemoryState.inputs_read_at > DeletedPart.deleted_at
-                         + timedelta(days=1)))).rowcount or 0
+    run.tombstones_pruned = prune_tombstones(session, now=now)
     session.commit()
     if access_days:
         while True:
