@@ -13,6 +13,7 @@ from dashboard.audit.anchors import Anchoring, read_anchors
 from dashboard.audit.services import (
     CLI_ACTOR,
     anchor_head,
+    chain_id,
     checkpoint_chain,
     record_event,
     verify_chain,
@@ -173,7 +174,7 @@ def audit_verify(expected: tuple[str, ...]) -> None:
         heads[int(seq)] = head_hash
     anchoring = _anchoring()
     try:
-        anchors = read_anchors(anchoring)
+        anchors = read_anchors(anchoring, chain=chain_id(db.session))
     except OSError as exc:
         _fail(f"Cannot read the anchors in {anchoring.store.where}: {exc.strerror}.")
     result = verify_chain(db.session, expect=heads, anchors=anchors)

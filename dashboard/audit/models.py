@@ -1,9 +1,10 @@
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Index, String
+from sqlalchemy import BigInteger, Index, SmallInteger, String, Uuid
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -54,4 +55,16 @@ class AuditCheckpoint(db.Model):
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, unique=True)
     hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = created_at_column()
+
+
+class AuditChain(db.Model):
+    """The chain's identity: one row made with the database (migration 0018), named by
+    every signed anchor, so another database's anchors are told apart from a cut.
+    UPDATE, DELETE and TRUNCATE are refused by triggers."""
+
+    __tablename__ = "audit_chain"
+
+    id: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    chain_id: Mapped[uuid.UUID] = mapped_column(Uuid)
     created_at: Mapped[datetime] = created_at_column()

@@ -18,7 +18,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from dashboard.audit.anchors import Anchor, Anchoring, AnchorLog, encode
-from dashboard.audit.models import AuditCheckpoint, AuditEvent
+from dashboard.audit.models import AuditChain, AuditCheckpoint, AuditEvent
 
 GENESIS_HASH = "0" * 64
 # An arbitrary constant naming the audit chain's advisory lock.
@@ -174,6 +174,11 @@ def checkpoint_chain(session: Session) -> AuditCheckpoint | None:
     return session.get(AuditCheckpoint, written) if written is not None else None
 
 
+def chain_id(session: Session) -> str:
+    """This database's chain identity, as anchors name it."""
+    return str(session.scalar(select(AuditChain.chain_id)))
+
+
 def anchor_head(session: Session, anchoring: Anchoring, *,
                 now: datetime | None = None) -> Anchor | None:
     """Sign the committed chain head and append it to the anchor store, unless the
@@ -181,10 +186,11 @@ def anchor_head(session: Session, anchoring: Anchoring, *,
     then). Like ``checkpoint_chain``, no lock; two processes at once may append the
     same head twice, which is harmless."""
     seq, head_hash = _chain_head(session)
-    newest = anchoring.newest()
+    chain = chain_id(session)
+    newest = anchoring.newest(chain)
     if seq == 0 or (newest is not None and newest.seq >= seq):
         return None
-    anchor = Anchor(seq, head_hash, _timestamp(now or datetime.now(UTC)))
+    anchor = Anchor(seq, head_hash, _timestamp(now or datetime.now(UTC)), chain)
     anchoring.store.append(encode(anchoring.key, anchor))
     return anchor
 
@@ -223,6 +229,9 @@ class Verification:
             lines.append(f"OK: {self.events} events, chain head seq {self.head_seq} hash "
                          f"{self.head_hash}, {self.checkpoints} checkpoint(s) matched"
                          f"{self._anchor_summary()}.")
+        note = self.anchors.foreign_note() if self.anchors is not None else None
+        if note is not None:
+            lines.append(f"NOTE: {note}.")
         return "\n".join(lines)
 
     def _anchor_summary(self) -> str:

@@ -93,10 +93,10 @@ def test_an_anchor_hidden_or_written_over_is_still_read(s3_url, bucket):
     assert store.last() == anchor_record(7)
     client.put_object(Bucket=name, Key=newest, Body=b'{"seq": 99}')  # written over
     anchoring = Anchoring(KEY, store)
-    log = read_anchors(anchoring)
+    log = read_anchors(anchoring, chain="test-chain")
     assert log.heads == {3: f"{3:064x}", 7: f"{7:064x}"}
     assert log.problem == (f"anchor object 3 of s3://{name}/audit/ is not an anchor (a JSON "
-                           "object of seq, hash, signed_at and sig)")
+                           "object of seq, hash, signed_at, chain and sig)")
 
 
 def test_a_log_cut_short_is_caught_by_the_anchor_in_the_bucket(app, runner, owner_session,

@@ -75,7 +75,8 @@ def test_a_checkpoint_is_signed_and_appended_to_a_file_outside_the_database(app,
     (anchor,) = anchors(app)
     assert (anchor["seq"], anchor["hash"]) == (events[-1].seq, events[-1].hash)
     fields = {name: value for name, value in anchor.items() if name != "sig"}
-    assert set(fields) == {"seq", "hash", "signed_at"}
+    assert set(fields) == {"seq", "hash", "signed_at", "chain"}
+    assert anchor["chain"] == str(db_session.scalar(text("SELECT chain_id FROM audit_chain")))
     assert anchor["sig"] == signature(fields)  # HMAC-SHA256 with the anchor key
     # Nothing new: nothing appended.
     assert cli(runner, db_session, "checkpoint") == (
@@ -98,6 +99,63 @@ def test_verify_says_which_anchors_it_matched(app, runner, db_session):
     assert output.startswith("OK: ")
     assert output.endswith(f", 1 signed anchor(s) matched (the newest: seq {events[-1].seq}, "
                            f"in {anchor_file(app)}).")
+
+
+# -- another database's anchors --------------------------------------------------------------
+
+OTHER_CHAIN = "5f0c2a4e-0000-4000-8000-00000000beef"
+
+
+def write_anchor(app, seq: int, head_hash: str, chain: str | None) -> None:
+    fields = {"seq": seq, "hash": head_hash, "signed_at": "2026-11-01T00:00:00.000000Z"}
+    if chain is not None:
+        fields["chain"] = chain
+    with anchor_file(app).open("a") as out:
+        out.write(json.dumps({**fields, "sig": signature(fields)}) + "\n")
+
+
+def test_an_earlier_databases_anchors_are_named_as_such_not_as_a_cut(app, runner,
+                                                                      db_session):
+    """A fresh database beside the anchor file an earlier one wrote (further along):
+    its anchors are another chain's, said so, and this database anchors its own."""
+    write_anchor(app, 99_999_999, "ab" * 32, OTHER_CHAIN)
+    events = record(db_session, 2)
+    db_session.commit()  # verify rolls back what it read through: keep the events
+    exit_code, output = cli(runner, db_session, "verify")
+    assert exit_code == 0
+    assert output.splitlines() == [
+        output.splitlines()[0],
+        f"NOTE: {anchor_file(app)} also holds 1 anchor(s) of another database (chain "
+        f"{OTHER_CHAIN} up to seq 99999999): not this database's, so not checked against "
+        "its log."]
+    assert output.splitlines()[0].startswith("OK: ")
+    assert output.splitlines()[0].endswith(f"no anchor yet in {anchor_file(app)}.")
+    # Its newest anchor is further along, but it is not this chain's: ours is written.
+    assert cli(runner, db_session, "checkpoint")[1].endswith(
+        f"Signed anchor of seq {events[-1].seq} appended to {anchor_file(app)}.")
+    exit_code, output = cli(runner, db_session, "verify")
+    assert exit_code == 0
+    assert f"1 signed anchor(s) matched (the newest: seq {events[-1].seq}" in output
+
+
+def test_an_anchor_written_before_chains_had_an_identity_still_catches_a_cut(
+        app, runner, owner_session):
+    seqs = [event.seq for event in record(owner_session, 4)]
+    last = owner_session.scalar(text("SELECT hash FROM audit_events WHERE seq = :s"),
+                                {"s": seqs[-1]})
+    write_anchor(app, seqs[-1], last, None)
+    owner_session.commit()  # verify rolls back what it read through: keep the events
+    assert cli(runner, owner_session, "verify")[0] == 0
+    end = cut_tail(owner_session, 2)
+    exit_code, output = cli(runner, owner_session, "verify")
+    assert exit_code == 1
+    assert f"it was cut short after seq {end}" in output
+
+
+def test_the_chain_identity_cannot_be_changed(owner_session):
+    from sqlalchemy.exc import DBAPIError
+    with pytest.raises(DBAPIError, match="audit_chain is fixed"), owner_session.begin_nested():
+        owner_session.execute(text("UPDATE audit_chain SET chain_id = gen_random_uuid()"))
 
 
 # -- a log cut short ------------------------------------------------------------------------
@@ -220,7 +278,7 @@ def test_a_torn_line_is_reported_and_the_anchors_after_it_still_count(app, runne
         f"BROKEN at seq {end + 1}: the newest anchor (signed, outside the database) names "
         f"seq {seqs[-1]}, but the log ends at seq {end}: it was cut short after seq {end}",
         f"BROKEN anchors: line 1 of {path} is not an anchor (a JSON object of seq, hash, "
-        "signed_at and sig)",
+        "signed_at, chain and sig)",
     ]
 
 
