@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 
 from flask import Flask
 from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -89,11 +88,11 @@ def from_api_key(raw: str, *, source: str = "api") -> Callable[[Session], Princi
     return principal
 
 
-def build_server(app: Flask, principal: Callable[[Session], Principal] = from_token, *,
-                 auth: AuthSettings | None = None, token_verifier: Any = None) -> MCPServer:
-    """The tools, each run in ``app``'s context in a transaction of its own."""
-    server = MCPServer(name="OrbitPilot memory", instructions=INSTRUCTIONS, version="1",
-                       auth=auth, token_verifier=token_verifier)
+def build_server(app: Flask, principal: Callable[[Session], Principal] = from_token
+                 ) -> MCPServer:
+    """The tools, each run in ``app``'s context in a transaction of its own. Who calls
+    is ``principal``'s to say: over HTTP, the token ``mcp_http`` checked first."""
+    server = MCPServer(name="OrbitPilot memory", instructions=INSTRUCTIONS, version="1")
 
     def run(tool: str, scope: str | None, work: Callable[[Session, Principal, User], Any],
             handed: Callable[[Any], Iterable[connections.Handed]] | None = None) -> Any:
