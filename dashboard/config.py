@@ -121,6 +121,9 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         # Proxies in front of the app that set X-Forwarded-For/-Proto (0: none). Behind a
         # proxy, set it, or every client shares the proxy's address for sign-in throttling.
         "TRUSTED_PROXIES": _env("TRUSTED_PROXIES", 0, int),
+        # Origins besides the app's own whose pages may call /mcp (any other Origin: 403).
+        "MCP_ALLOWED_ORIGINS": _env("MCP_ALLOWED_ORIGINS", None,
+                                    lambda v: [o.strip() for o in v.split(",") if o.strip()]),
         # The host names this app answers for, comma-separated (".example.com" also takes
         # its subdomains); any other Host is a 400. Unset: any well-formed host name.
         "TRUSTED_HOSTS": _env("TRUSTED_HOSTS", None,

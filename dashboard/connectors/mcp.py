@@ -1,6 +1,7 @@
 """The MCP server: a user's memory as tools, over the memory API's own services (never a
-second copy of their rules). Each tool needs the scope its REST twin needs; every
-refusal is a tool error in a plain sentence; what a call hands the app is logged by id.
+second copy of their rules: the services check each operation's scope from one table,
+as for the tool's REST twin); every refusal is a tool error in a plain sentence; what a
+call hands the app is logged by id.
 
 The same tools serve Streamable HTTP (a bearer token from the OAuth server) and stdio
 (an API key from the environment): ``Principal`` is who calls, either way."""
@@ -15,7 +16,6 @@ from typing import Annotated, Any, Literal
 
 from flask import Flask
 from mcp.server.auth.middleware.auth_context import get_access_token
-from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
@@ -28,14 +28,7 @@ from dashboard.connectors import services as connections
 from dashboard.extensions import db
 from dashboard.memories import services
 from dashboard.memories.keys import authenticate_key
-from dashboard.memory import (
-    embedder_model_name,
-    get_embedder,
-    memory_status,
-    recall_cut,
-    settings_from,
-)
-from dashboard.plans.services import UserPlans, resolve_build_sources
+from dashboard.memory import embedder_model_name, get_embedder, recall_cut, settings_from
 from dashboard.refusals import Refusal
 from dashboard.sources import SAVED
 
@@ -46,7 +39,6 @@ INSTRUCTIONS = (
     "the user's preferences, projects or past decisions; save durable facts the user wants "
     "remembered; forget only a memory the user asked to forget, by its id.")
 FAILED = "Something went wrong on OrbitPilot's side; nothing was changed. Try again."
-READ, WRITE = "memory:read", "memory:write"
 
 
 @dataclass(frozen=True)
@@ -89,21 +81,21 @@ def from_api_key(raw: str, *, source: str = "api") -> Callable[[Session], Princi
     return principal
 
 
-def build_server(app: Flask, principal: Callable[[Session], Principal] = from_token, *,
-                 auth: AuthSettings | None = None, token_verifier: Any = None) -> MCPServer:
-    """The tools, each run in ``app``'s context in a transaction of its own."""
-    server = MCPServer(name="OrbitPilot memory", instructions=INSTRUCTIONS, version="1",
-                       auth=auth, token_verifier=token_verifier)
+def build_server(app: Flask, principal: Callable[[Session], Principal] = from_token
+                 ) -> MCPServer:
+    """The tools, each run in ``app``'s context in a transaction of its own. Who calls
+    is ``principal``'s to say: over HTTP, the token ``mcp_http`` checked first."""
+    server = MCPServer(name="OrbitPilot memory", instructions=INSTRUCTIONS, version="1")
 
-    def run(tool: str, scope: str | None, work: Callable[[Session, Principal, User], Any],
+    def run(tool: str, work: Callable[[Session, Principal, User], Any],
             handed: Callable[[Any], Iterable[connections.Handed]] | None = None) -> Any:
+        """``work`` calls a service with the caller's scopes: the service refuses what
+        they do not allow, before it looks at anything."""
         with app.app_context():
             session = db.session
+            who: Principal | None = None
             try:
                 who = principal(session)
-                if scope is not None and scope not in who.scopes:
-                    raise ToolError(f"This connection may not do that: it needs the {scope} "
-                                    "scope. Connect again and allow it.")
                 user = session.get(User, who.user_id)
                 if user is None or not user.active:
                     raise ToolError("This account cannot be used any more.")
@@ -115,6 +107,12 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
             except ToolError:
                 session.rollback()
                 raise
+            except services.ScopeMissing as exc:
+                session.rollback()
+                if who is None or who.caller is None:  # a key (stdio): the service's words
+                    raise ToolError(exc.sentence) from None
+                raise ToolError(f"This connection may not do that: it needs the {exc.scope} "
+                                "scope. Connect again and allow it.") from None
             except Refusal as exc:
                 session.rollback()
                 raise ToolError(exc.sentence) from None
@@ -140,10 +138,10 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
             saved = services.save_memory(session, owner=user, content=content,
                                          metadata=metadata, source=who.source, actor=who.actor,
                                          api_key_id=who.api_key_id,
-                                         client_name=who.client_name)
+                                         client_name=who.client_name, scopes=who.scopes)
             return {"memory": _memory(saved.memory), "remembered": saved.remembered,
                     "memory_notice": saved.sentence}
-        return run("save_memory", WRITE, work)
+        return run("save_memory", work)
 
     @server.tool(annotations=ToolAnnotations(title="Search memory", readOnlyHint=True,
                                              destructiveHint=False, idempotentHint=True))
@@ -157,14 +155,15 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
             embedder = get_embedder(app.config["EMBEDDER"])
             hits = services.recall(session, user.id, query, k, embedder=embedder,
-                                   max_distance=recall_cut(app.config["RECALL_MAX_DISTANCE"]))
+                                   max_distance=recall_cut(app.config["RECALL_MAX_DISTANCE"]),
+                                   scopes=who.scopes)
             return {"results": [dataclasses.asdict(hit) for hit in hits],
                     "notice": None if hits else services.NO_MATCH}
 
         def handed(result: dict[str, Any]) -> list[connections.Handed]:
             return [connections.Handed(hit["source_key"], hit["source_id"], hit["memory_id"])
                     for hit in result["results"]]
-        return run("search_memory", READ, work, handed)
+        return run("search_memory", work, handed)
 
     @server.tool(annotations=ToolAnnotations(title="List memories", readOnlyHint=True,
                                              destructiveHint=False, idempotentHint=True))
@@ -178,9 +177,9 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         """List the user's saved memories, newest first, a page at a time."""
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
             page = services.list_memories(session, user.id, status=status, limit=limit,
-                                          cursor=cursor or None)
+                                          cursor=cursor or None, scopes=who.scopes)
             return {"items": [_memory(m) for m in page.items], "next_cursor": page.next_cursor}
-        return run("list_memories", READ, work, lambda r: saved_items(r["items"]))
+        return run("list_memories", work, lambda r: saved_items(r["items"]))
 
     @server.tool(annotations=ToolAnnotations(title="Get a memory", readOnlyHint=True,
                                              destructiveHint=False, idempotentHint=True))
@@ -188,8 +187,9 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
                    ) -> dict[str, Any]:
         """One saved memory by its id."""
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            return _memory(services.find_memory(session, user.id, memory_id))
-        return run("get_memory", READ, work, lambda r: saved_items([r]))
+            return _memory(services.find_memory(session, user.id, memory_id,
+                                                scopes=who.scopes))
+        return run("get_memory", work, lambda r: saved_items([r]))
 
     @server.tool(annotations=ToolAnnotations(title="Update a memory", readOnlyHint=False,
                                              destructiveHint=False, idempotentHint=True))
@@ -201,11 +201,11 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
     ) -> dict[str, Any]:
         """Change a saved memory's text or labels (the old version is kept)."""
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            memory = services.find_memory(session, user.id, memory_id, lock=True)
-            services.update_memory(session, memory, content=content, metadata=metadata,
-                                   actor=who.actor)
+            memory, _ = services.change_memory(session, user.id, memory_id, content=content,
+                                               metadata=metadata, actor=who.actor,
+                                               scopes=who.scopes)
             return _memory(memory)
-        return run("update_memory", WRITE, work)
+        return run("update_memory", work)
 
     @server.tool(annotations=ToolAnnotations(title="Forget a memory", readOnlyHint=False,
                                              destructiveHint=True, idempotentHint=False))
@@ -221,10 +221,10 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         """Forget one memory by its id: it stops being recalled at once."""
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
             receipt = services.forget_memory(session, user.id, memory_id, mode=mode,
-                                             actor=who.actor, scopes=list(who.scopes),
+                                             actor=who.actor, scopes=who.scopes,
                                              reason=reason)
             return {"receipt": receipt.to_dict()}
-        return run("forget_memory", None, work)
+        return run("forget_memory", work)
 
     @server.tool(annotations=ToolAnnotations(title="Restore a memory", readOnlyHint=False,
                                              destructiveHint=False, idempotentHint=False))
@@ -233,9 +233,9 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         """Bring back a soft-deleted memory."""
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
             receipt = services.restore_memory(session, user.id, memory_id, actor=who.actor,
-                                              scopes=list(who.scopes))
+                                              scopes=who.scopes)
             return {"receipt": receipt.to_dict()}
-        return run("restore_memory", None, work)
+        return run("restore_memory", work)
 
     @server.tool(name="memory_status",
                  annotations=ToolAnnotations(title="Memory status", readOnlyHint=True,
@@ -244,16 +244,15 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         """Which of the user's sources their memory holds, each in the sentence the
         Memory Status page shows, and when it was last built."""
         def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            resolution = resolve_build_sources(user, UserPlans(session))
-            status = memory_status(session, user, resolution=resolution,
-                                   embedder_name=embedder_model_name(
-                                       settings_from(app.config).embedder))
+            status = services.status_of(session, user, scopes=who.scopes,
+                                        embedder_name=embedder_model_name(
+                                            settings_from(app.config).embedder))
             last = status.last_success or status.last_build
             return {"plan": status.plan_name, "sources": [
                 {"key": s.key, "label": s.label, "state": str(s.state),
                  "sentence": s.sentence, "chunks": s.chunks} for s in status.sources],
                 "last_build": last.finished_at.isoformat() if last and last.finished_at
                 else None}
-        return run("memory_status", READ, work)
+        return run("memory_status", work)
 
     return server

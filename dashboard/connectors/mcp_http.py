@@ -3,25 +3,31 @@ answers, so any web worker serves any request) inside the app's WSGI stack, behi
 same Host check and input guard as every page. Pages never reach it: requests for
 ``/mcp`` are handed over before Flask routes anything.
 
-The ASGI side runs on an event loop thread of each worker process, started on the first
-``/mcp`` request (never before a fork). A bearer token is checked against the OAuth
-server's tokens for this origin's ``/mcp`` (RFC 8707), in a worker thread."""
+Before the SDK sees a request, this module refuses, in order: another method than POST
+(405), an ``Origin`` that is neither the app's own nor allowed (403: DNS rebinding), and
+no live bearer token for this origin's ``/mcp`` (401, RFC 8707). One MCP server per
+process, built on the first authenticated call (never before a fork), on one event loop
+thread; the token's caller reaches the tools through the SDK's auth context."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
-import anyio.to_thread
 from a2wsgi import ASGIMiddleware
 from flask import Flask
+from mcp.server.auth.middleware.auth_context import auth_context_var
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.settings import AuthSettings
-from werkzeug.wsgi import get_current_url
+from mcp.server.mcpserver import MCPServer
+from starlette.authentication import AuthCredentials
+from werkzeug.wsgi import get_current_url, get_host
 
 from dashboard.connectors import services as connections
 from dashboard.connectors.mcp import build_server
@@ -30,103 +36,188 @@ from dashboard.extensions import db
 log = logging.getLogger(__name__)
 
 PATH = "/mcp"
+METADATA_PATH = "/.well-known/oauth-protected-resource/mcp"
 _START_SECONDS = 10
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# Where the mount leaves the token it verified for the ASGI side (a2wsgi hands the WSGI
+# environ on as scope["wsgi_environ"]); a client can set headers, never environ keys.
+_TOKEN = "orbitpilot.mcp.access_token"
+
+NOT_POST = "Send MCP messages with POST; this server keeps no stream open."
+FOREIGN_ORIGIN = ("This server does not answer pages of another origin (see "
+                  "MCP_ALLOWED_ORIGINS).")
+NO_TOKEN_CHECK = "OrbitPilot cannot check access tokens right now; try again shortly."
 
 
-class TokenCheck:
-    """The SDK's token verifier, answered by the OAuth server's own tables."""
+def origin_of(value: str, *, exact: bool = True) -> str | None:
+    """``scheme://host[:port]``, lower-cased, without a default port; ``None`` for what is
+    no http(s) origin. ``exact``: nothing else may follow (as in an Origin header)."""
+    try:
+        parts = urlsplit(value.strip())
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname or "@" in parts.netloc:
+        return None
+    if exact and (parts.path or parts.query or parts.fragment):
+        return None
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (
+        "" if port in (None, _DEFAULT_PORTS[parts.scheme]) else f":{port}")
 
-    def __init__(self, app: Flask, resource: str) -> None:
-        self.app, self.resource = app, resource
 
-    async def verify_token(self, token: str) -> AccessToken | None:
-        return await anyio.to_thread.run_sync(self._verify, token)
+def _answer(start_response: Callable, status: str, body: dict[str, Any],
+            headers: Iterable[tuple[str, str]] = ()) -> list[bytes]:
+    data = json.dumps(body).encode()
+    start_response(status, [("Content-Type", "application/json"),
+                            ("Content-Length", str(len(data))), ("Cache-Control", "no-store"),
+                            *headers])
+    return [data]
 
-    def _verify(self, token: str) -> AccessToken | None:
-        with self.app.app_context():
-            try:
-                caller = connections.authenticate_access_token(db.session, token,
-                                                               resource=self.resource)
-                db.session.commit()  # the call counted on the connection
-            except Exception as exc:
-                db.session.rollback()
-                log.error("token check failed: %s", type(exc).__name__)
-                return None
-            finally:
-                db.session.remove()
-        if caller is None:
-            return None
-        return AccessToken(token=token, client_id=str(caller.grant_id),
-                           scopes=list(caller.scopes), resource=self.resource,
-                           expires_at=int(caller.token_expires_at.timestamp()),
-                           subject=str(caller.user_id),
-                           claims={"caller": dataclasses.asdict(caller)})
+
+def _rpc_error(message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+
+
+class _AuthContext:
+    """ASGI: the token the mount verified, set as the SDK's auth context the way its
+    ``AuthContextMiddleware`` does (the tools read it with ``get_access_token()``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        token = scope.get("wsgi_environ", {}).get(_TOKEN) if scope["type"] == "http" else None
+        if not isinstance(token, AccessToken):
+            raise RuntimeError("an /mcp request reached the SDK unauthenticated")
+        user = AuthenticatedUser(token)
+        scope["user"], scope["auth"] = user, AuthCredentials(token.scopes)
+        reset = auth_context_var.set(user)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            auth_context_var.reset(reset)
 
 
 class MCPMount:
-    """A WSGI app serving ``/mcp``: one MCP server per origin it is reached at (tokens
-    are bound to the origin's ``/mcp``), on one event loop thread per process."""
+    """A WSGI app serving ``/mcp``: the checks above, then the process's one MCP server
+    (``server``) on its event loop thread. Whatever Host a request names, nothing is
+    kept for it: its resource, Origin and challenge are worked out per request."""
 
     def __init__(self, app: Flask) -> None:
         self.app = app
         self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._apps: dict[str, Any] = {}
+        self._served: Any = None  # the server's ASGI app, as WSGI
+        self.server: MCPServer | None = None
+        self.allowed_origins = frozenset(self._configured_origins())
+
+    def _configured_origins(self) -> Iterable[str]:
+        for value in self.app.config.get("MCP_ALLOWED_ORIGINS") or ():
+            origin = origin_of(value, exact=False)
+            if origin is None:
+                raise ValueError(f"MCP_ALLOWED_ORIGINS: {value!r} is not an origin "
+                                 "(scheme://host[:port]).")
+            yield origin
 
     def base_of(self, environ: dict[str, Any]) -> str:
+        """The origin clients reach us at: PUBLIC_URL, else the request's own."""
         configured = self.app.config.get("PUBLIC_URL")
         if configured:
             return str(configured).rstrip("/")
         return get_current_url(environ, root_only=True).rstrip("/")
 
-    def _start_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="mcp-loop", daemon=True).start()
-            self._loop = loop
-        return self._loop
+    def origin_allowed(self, environ: dict[str, Any]) -> bool:
+        """No Origin (not a browser), the app's own, or one configured."""
+        header = environ.get("HTTP_ORIGIN")
+        if header is None:
+            return True
+        origin = origin_of(header)
+        if origin is None:  # "null", or not an origin at all
+            return False
+        configured = self.app.config.get("PUBLIC_URL")
+        own = origin_of(str(configured), exact=False) if configured else \
+            origin_of(f"{environ.get('wsgi.url_scheme', 'http')}://{get_host(environ)}")
+        return origin == own or origin in self.allowed_origins
 
-    def _serve(self, base: str) -> Any:
-        loop = self._start_loop()
-        resource = base + PATH
-        server = build_server(self.app, auth=AuthSettings(
-            issuer_url=base, resource_server_url=resource, required_scopes=None,
-            validate_token_resource=False),  # TokenCheck binds tokens to this resource
-            token_verifier=TokenCheck(self.app, resource))
-        # host 0.0.0.0: the SDK's own Host allow-list stays off; the app's TRUSTED_HOSTS
-        # check runs before this, and a bearer token is needed for everything.
-        asgi = server.streamable_http_app(streamable_http_path=PATH, stateless_http=True,
-                                          json_response=True, host="0.0.0.0")
-        running = threading.Event()
+    def authenticate(self, environ: dict[str, Any], resource: str) -> AccessToken | None:
+        """The bearer token's caller, if it is live and was issued for ``resource``
+        (RFC 8707); the call is counted on its connection. Raises if the check cannot
+        be made (the database is down)."""
+        scheme, _, raw = environ.get("HTTP_AUTHORIZATION", "").partition(" ")
+        raw = raw.strip()
+        if scheme.lower() != "bearer" or not raw:
+            return None
+        with self.app.app_context():
+            try:
+                caller = connections.authenticate_access_token(db.session, raw,
+                                                               resource=resource)
+                db.session.commit()  # the call counted on the connection
+            except Exception:
+                db.session.rollback()
+                raise
+            finally:
+                db.session.remove()
+        if caller is None:
+            return None
+        return AccessToken(token=raw, client_id=str(caller.grant_id),
+                           scopes=list(caller.scopes), resource=resource,
+                           expires_at=int(caller.token_expires_at.timestamp()),
+                           subject=str(caller.user_id),
+                           claims={"caller": dataclasses.asdict(caller)})
 
-        async def keep_running() -> None:
-            async with server.session_manager.run():
-                running.set()
-                await asyncio.Event().wait()
+    def _serve(self) -> Any:
+        """The one MCP server of this process, started on first use."""
+        if self._served is not None:
+            return self._served
+        with self._lock:
+            if self._served is None:
+                server = build_server(self.app)
+                # host 0.0.0.0: the SDK's own Host and Origin lists stay off; the app's
+                # TRUSTED_HOSTS and this mount's Origin check run before it.
+                asgi = server.streamable_http_app(streamable_http_path=PATH,
+                                                  stateless_http=True, json_response=True,
+                                                  host="0.0.0.0")
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="mcp-loop",
+                                 daemon=True).start()
+                running = threading.Event()
 
-        asyncio.run_coroutine_threadsafe(keep_running(), loop)
-        if not running.wait(_START_SECONDS):
-            raise RuntimeError("the MCP session manager did not start")
-        return ASGIMiddleware(asgi, loop=loop)
+                async def keep_running() -> None:
+                    async with server.session_manager.run():
+                        running.set()
+                        await asyncio.Event().wait()
+
+                asyncio.run_coroutine_threadsafe(keep_running(), loop)
+                if not running.wait(_START_SECONDS):
+                    raise RuntimeError("the MCP session manager did not start")
+                self.server = server
+                self._served = ASGIMiddleware(_AuthContext(asgi), loop=loop)
+        return self._served
 
     def __call__(self, environ: dict[str, Any], start_response: Callable) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD") != "POST":
             # Stateless and JSON-only: no server-sent stream to GET (which would hold a
             # web worker for as long as a client keeps it open), no session to DELETE.
-            body = b'{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":' \
-                   b'"Send MCP messages with POST; this server keeps no stream open."}}'
-            start_response("405 Method Not Allowed", [
-                ("Content-Type", "application/json"), ("Allow", "POST"),
-                ("Content-Length", str(len(body)))])
-            return [body]
+            return _answer(start_response, "405 Method Not Allowed", _rpc_error(NOT_POST),
+                           [("Allow", "POST")])
+        if not self.origin_allowed(environ):
+            return _answer(start_response, "403 Forbidden", _rpc_error(FOREIGN_ORIGIN))
         base = self.base_of(environ)
-        served = self._apps.get(base)
-        if served is None:
-            with self._lock:
-                served = self._apps.get(base)
-                if served is None:
-                    served = self._apps[base] = self._serve(base)
-        return served(environ, start_response)
+        try:
+            token = self.authenticate(environ, base + PATH)
+        except Exception as exc:
+            log.error("token check failed: %s", type(exc).__name__)
+            return _answer(start_response, "503 Service Unavailable",
+                           _rpc_error(NO_TOKEN_CHECK), [("Retry-After", "5")])
+        if token is None:
+            challenge = ('Bearer error="invalid_token", error_description="Authentication '
+                         f'required", resource_metadata="{base}{METADATA_PATH}"')
+            return _answer(start_response, "401 Unauthorized",
+                           {"error": "invalid_token",
+                            "error_description": "Authentication required"},
+                           [("WWW-Authenticate", challenge)])
+        environ[_TOKEN] = token
+        return self._serve()(environ, start_response)
 
 
 def init_mcp(app: Flask) -> None:

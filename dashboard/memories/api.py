@@ -1,11 +1,13 @@
 """The memory API, ``/v1/memories``, for clients holding an ``X-API-Key``: the key (header
-only), the route's scope and the JSON body are checked here, then the service; every
-refusal is ``application/problem+json``, the OpenAPI document is spectree's, written from
-these routes. docs/architecture/api.md has the order of checks."""
+only), the scope of the route's operation (the services' one table) and the JSON body
+are checked here, then the service, which checks the scope again; every refusal is
+``application/problem+json``, the OpenAPI document is spectree's, written from these
+routes. docs/architecture/api.md has the order of checks."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
 from collections.abc import Callable
@@ -60,8 +62,6 @@ from dashboard.security import get_limiter
 
 log = logging.getLogger(__name__)
 
-READ, WRITE = "memory:read", "memory:write"
-RESTORE = services.SCOPE_FOR_MODE["restore"]
 # Query parameters a client might put a key in (compared lower-cased, "-" as "_").
 KEY_PARAMETERS = frozenset({"api_key", "apikey", "key", "x_api_key", "token", "access_token"})
 _ENVIRON_KEY = "orbitpilot.api_key"
@@ -123,14 +123,25 @@ def _too_many(exc: RateLimitExceeded):
 
 # -- keys, scopes and bodies ---------------------------------------------------------------
 
-_SCOPE: dict[str, str | None] = {}  # view → the scope it needs; None: the mode decides
+# view → its operation in services.SCOPE_FOR_OPERATION; None: the mode in the request
+# decides (the service checks it once the mode is read).
+_OPERATION: dict[str, str | None] = {}
 _BODY: dict[str, bool] = {}  # view → whether its JSON body is required
 
 
-def _route(rule: str, method: str, *, scope: str | None,
+def _needs(operation: str | None) -> str:
+    """What the document says a route needs, read from the services' table."""
+    if operation is not None:
+        return f"Needs {services.SCOPE_FOR_OPERATION[operation]}."
+    return "Needs, by mode: " + "; ".join(
+        f"{mode} {services.SCOPE_FOR_OPERATION[mode]}" for mode in services.FORGET_MODES) + "."
+
+
+def _route(rule: str, method: str, *, operation: str | None,
            body: bool | None = None) -> Callable[[Callable], Callable]:
     def register(view: Callable) -> Callable:
-        _SCOPE[view.__name__] = scope
+        view.__doc__ = f"{inspect.cleandoc(view.__doc__ or '')}\n\n{_needs(operation)}"
+        _OPERATION[view.__name__] = operation
         if body is not None:
             _BODY[view.__name__] = body
         bp.add_url_rule(rule, view_func=view, methods=[method],
@@ -189,16 +200,17 @@ def current_key() -> ApiKey | None:
 def _authenticate() -> None:
     _refuse_key_in_url()
     view = (request.endpoint or "").rpartition(".")[2]
-    if view not in _SCOPE:
+    if view not in _OPERATION:
         return  # the document is public
     key = current_key()
     if key is None:
         raise Problem(401, "Unauthorized", UNAUTHORIZED,
                       headers={"WWW-Authenticate": "ApiKey"})
-    scope = _SCOPE[view]
-    if scope is not None and scope not in key.scopes:
-        raise Problem(403, "Missing scope", f"This API key lacks the {scope} scope this "
-                                            "call needs.")
+    operation = _OPERATION[view]
+    if operation is not None:
+        # Before the body is read (415, 400, 422): a key without the scope learns
+        # nothing more. The service the view calls checks it again.
+        services.check_scope(key.scopes, operation)
     _read_body(view)
 
 
@@ -250,11 +262,11 @@ bp.add_url_rule("/openapi.json", view_func=openapi, methods=["GET"],
                 provide_automatic_options=False)
 
 
-@_route("/memories", "POST", scope=WRITE, body=True)
+@_route("/memories", "POST", operation="save", body=True)
 @spec.validate(json=MemoryCreate, resp=Responses(201, SaveOut, *ALWAYS, *BODY),
                operation_id="create_memory", tags=MEMORIES)
 def create_memory() -> ApiResult:
-    """Save a memory (needs memory:write).
+    """Save a memory.
 
     Says whether saved memories are remembered on the owner's plan, in the words the
     Memory Status page uses; a quick memory build is requested either way."""
@@ -262,96 +274,97 @@ def create_memory() -> ApiResult:
     key = _key()
     saved = services.save_memory(db.session, owner=key.owner, content=body.content,
                                  metadata=body.metadata, source=body.source,
-                                 actor=_actor(key), api_key_id=key.id)
+                                 actor=_actor(key), api_key_id=key.id, scopes=key.scopes)
     payload = {"memory": services.memory_dict(saved.memory), "remembered": saved.remembered,
                "memory_notice": saved.sentence, "build": _build(saved.build)}
     db.session.commit()
     return payload, 201, {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
 
 
-@_route("/memories", "GET", scope=READ)
+@_route("/memories", "GET", operation="list")
 @spec.validate(query=ListQuery, resp=Responses(200, MemoryPage, *ALWAYS, 422),
                operation_id="list_memories", tags=MEMORIES)
 def list_memories() -> ApiResult:
-    """List the key owner's memories, newest first (needs memory:read).
+    """List the key owner's memories, newest first.
 
     Pass next_cursor as cursor for the next page; it is null on the last."""
     query: ListQuery = request.context.query
-    page = services.list_memories(db.session, _key().owner_id, status=query.status,
-                                  limit=query.limit, cursor=query.cursor or None)
+    key = _key()
+    page = services.list_memories(db.session, key.owner_id, status=query.status,
+                                  limit=query.limit, cursor=query.cursor or None,
+                                  scopes=key.scopes)
     payload = {"items": [services.memory_dict(m) for m in page.items],
                "next_cursor": page.next_cursor}
     db.session.commit()
     return payload, 200
 
 
-@_route("/memories/search", "POST", scope=READ, body=True)
+@_route("/memories/search", "POST", operation="search", body=True)
 @spec.validate(json=SearchRequest, resp=Responses(200, SearchOut, *ALWAYS, *BODY),
                operation_id="search_memories", tags=MEMORIES)
 def search_memories() -> ApiResult:
     """Recall: the k memory chunks nearest the query, over every source the owner's last
-    build stored, each naming where it came from (needs memory:read)."""
+    build stored, each naming where it came from."""
     body: SearchRequest = request.context.json
     embedder = get_embedder(current_app.config["EMBEDDER"])  # one per process
-    hits = services.recall(db.session, _key().owner_id, body.query, body.k, embedder=embedder,
-                           max_distance=recall_cut(current_app.config["RECALL_MAX_DISTANCE"]))
+    key = _key()
+    hits = services.recall(db.session, key.owner_id, body.query, body.k, embedder=embedder,
+                           max_distance=recall_cut(current_app.config["RECALL_MAX_DISTANCE"]),
+                           scopes=key.scopes)
     payload = {"results": [dataclasses.asdict(hit) for hit in hits],
                "notice": None if hits else services.NO_MATCH}
     db.session.commit()
     return payload, 200
 
 
-@_route("/memories/export", "GET", scope=READ)
+@_route("/memories/export", "GET", operation="export")
 @spec.validate(resp=Responses(200, ExportOut, *ALWAYS, headers={
                    "Content-Disposition": "attachment; filename=orbitpilot-memories-….json"}),
                operation_id="export_memories", tags=MEMORIES)
 def export_memories() -> ApiResult:
-    """Everything remembered about the key's owner, as one JSON file (needs
-    memory:read): saved memories in every status and the chunks of the last builds."""
-    payload = services.export_memories(db.session, _key().owner_id)
+    """Everything remembered about the key's owner, as one JSON file: saved memories in
+    every status and the chunks of the last builds."""
+    key = _key()
+    payload = services.export_memories(db.session, key.owner_id, scopes=key.scopes)
     db.session.commit()
     name = f"orbitpilot-memories-{datetime.now(UTC):%Y-%m-%d}.json"
     return payload, 200, {"Content-Disposition": f"attachment; filename={name}"}
 
 
-@_route("/memories/<memory_id:memory_id>", "GET", scope=READ)
+@_route("/memories/<memory_id:memory_id>", "GET", operation="get")
 @spec.validate(resp=Responses(200, MemoryOut, *ALWAYS, *TARGET),
                operation_id="get_memory", tags=MEMORIES)
 def get_memory(memory_id: str) -> ApiResult:
-    """Read one memory (needs memory:read); 410 once it was hard-deleted."""
-    memory = services.find_memory(db.session, _key().owner_id, memory_id)
+    """Read one memory; 410 once it was hard-deleted."""
+    key = _key()
+    memory = services.find_memory(db.session, key.owner_id, memory_id, scopes=key.scopes)
     payload = services.memory_dict(memory)
     db.session.commit()
     return payload, 200
 
 
-@_route("/memories/<memory_id:memory_id>", "PATCH", scope=WRITE, body=True)
+@_route("/memories/<memory_id:memory_id>", "PATCH", operation="update", body=True)
 @spec.validate(json=MemoryPatch, resp=Responses(200, MemoryOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="update_memory", tags=MEMORIES)
 def update_memory(memory_id: str) -> ApiResult:
-    """Change an active memory's content and/or metadata (needs memory:write): the
-    previous version is kept as a snapshot, the version goes up by one."""
+    """Change an active memory's content and/or metadata: the previous version is kept
+    as a snapshot, the version goes up by one."""
     body: MemoryPatch = request.context.json
-    # The values first (422), then the target (404/410), then its state (409).
-    if body.content is not None:
-        services.check_content(body.content)
-    if body.metadata is not None:
-        services.check_metadata(body.metadata)
     key = _key()
-    memory = services.find_memory(db.session, key.owner_id, memory_id)
-    memory, _ = services.update_memory(db.session, memory, content=body.content,
-                                       metadata=body.metadata, actor=_actor(key))
+    memory, _ = services.change_memory(db.session, key.owner_id, memory_id,
+                                       content=body.content, metadata=body.metadata,
+                                       actor=_actor(key), scopes=key.scopes)
     payload = services.memory_dict(memory)
     db.session.commit()
     return payload, 200
 
 
-@_route("/memories/<memory_id:memory_id>", "DELETE", scope=None)
+@_route("/memories/<memory_id:memory_id>", "DELETE", operation=None)
 @spec.validate(query=DeleteQuery, resp=Responses(200, DeleteOut, *ALWAYS, *TARGET, 409, 422),
                operation_id="delete_memory", tags=MEMORIES)
 def delete_memory(memory_id: str) -> ApiResult:
-    """Forget a memory; mode soft_delete (the default, needs memory:delete), redact
-    (memory:redact) or hard_delete (memory:hard_delete). Returns the erasure receipt."""
+    """Forget a memory; mode soft_delete (the default), redact or hard_delete. Returns the
+    erasure receipt."""
     query: DeleteQuery = request.context.query
     key = _key()
     receipt = services.forget_memory(db.session, key.owner_id, memory_id, mode=query.mode,
@@ -361,22 +374,22 @@ def delete_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id:memory_id>/forget", "POST", scope=None, body=True)
+@_route("/memories/<memory_id:memory_id>/forget", "POST", operation=None, body=True)
 @spec.validate(json=MemoryForgetRequest,
                resp=Responses(200, ForgetOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="forget_memory", tags=MEMORIES)
 def forget_memory(memory_id: str) -> ApiResult:
     """Forget a memory, with a reason, a redaction's replacement text or new metadata.
 
-    soft_delete needs memory:delete and can be restored; redact needs memory:redact and
-    purges the content of every earlier version; hard_delete needs memory:hard_delete and
-    leaves only the erasure receipt. It stops being recalled at once."""
+    soft_delete can be restored; redact purges the content of every earlier version;
+    hard_delete leaves only the erasure receipt. It stops being recalled at once."""
     body: MemoryForgetRequest = request.context.json
     key = _key()
     receipt = services.forget_memory(
         db.session, key.owner_id, memory_id, mode=body.mode, actor=_actor(key),
         scopes=key.scopes, reason=body.reason, replacement_content=body.replacement_content,
         metadata=body.metadata)
+    # What the forget left, read as its own result (no second scope, as its receipt).
     memory = None if body.mode == "hard_delete" else \
         services.memory_dict(services.find_memory(db.session, key.owner_id, memory_id))
     payload = {"receipt": receipt.to_dict(), "memory": memory}
@@ -384,13 +397,13 @@ def forget_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id:memory_id>/restore", "POST", scope=RESTORE, body=False)
+@_route("/memories/<memory_id:memory_id>/restore", "POST", operation="restore", body=False)
 @spec.validate(json=MemoryRestoreRequest,
                resp=Responses(200, RestoreOut, *ALWAYS, *TARGET, 409, *BODY),
                operation_id="restore_memory", tags=MEMORIES)
 def restore_memory(memory_id: str) -> ApiResult:
-    """Undo a soft delete (needs memory:delete); the body is optional. A redacted memory
-    cannot be restored (409); a hard-deleted one is gone (410)."""
+    """Undo a soft delete; the body is optional. A redacted memory cannot be restored
+    (409); a hard-deleted one is gone (410)."""
     body: MemoryRestoreRequest = request.context.json or MemoryRestoreRequest()
     key = _key()
     receipt = services.restore_memory(db.session, key.owner_id, memory_id, actor=_actor(key),
@@ -403,14 +416,15 @@ def restore_memory(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/memories/<memory_id:memory_id>/receipts", "GET", scope=READ)
+@_route("/memories/<memory_id:memory_id>/receipts", "GET", operation="receipts")
 @spec.validate(resp=Responses(200, ReceiptList, *ALWAYS, 404),
                operation_id="list_memory_receipts", tags=RECEIPTS)
 def list_memory_receipts(memory_id: str) -> ApiResult:
-    """The erasure receipts of one memory, oldest first (needs memory:read); they remain
-    after a hard delete."""
-    owner_id = _key().owner_id
-    receipts = services.receipts_of_memory(db.session, owner_id, memory_id)
+    """The erasure receipts of one memory, oldest first; they remain after a hard
+    delete."""
+    key = _key()
+    owner_id = key.owner_id
+    receipts = services.receipts_of_memory(db.session, owner_id, memory_id, scopes=key.scopes)
     if not receipts:
         services.find_memory(db.session, owner_id, memory_id)  # none at all: 404
     payload = {"items": [receipt.to_dict() for receipt in receipts]}
@@ -418,13 +432,14 @@ def list_memory_receipts(memory_id: str) -> ApiResult:
     return payload, 200
 
 
-@_route("/erasure-receipts/<marker_id>", "GET", scope=READ)
+@_route("/erasure-receipts/<marker_id>", "GET", operation="receipts")
 @spec.validate(resp=Responses(200, ReceiptOut, *ALWAYS, 404),
                operation_id="get_erasure_receipt", tags=RECEIPTS)
 def get_erasure_receipt(marker_id: str) -> ApiResult:
-    """One erasure receipt, by the marker_id a forget or restore returned (needs
-    memory:read)."""
-    payload = services.find_receipt(db.session, _key().owner_id, marker_id).to_dict()
+    """One erasure receipt, by the marker_id a forget or restore returned."""
+    key = _key()
+    payload = services.find_receipt(db.session, key.owner_id, marker_id,
+                                    scopes=key.scopes).to_dict()
     db.session.commit()
     return payload, 200
 

@@ -34,15 +34,23 @@ from dashboard.memory import (
     BuildsBusy,
     Embedder,
     MemoryChunk,
+    MemoryStatus,
     RecallCut,
     build_for_change,
     count_item_chunks,
     forget_chunks,
+    memory_status,
     search_memory,
     wait_for_builds,
 )
 from dashboard.plans.sentences import source_sentence
-from dashboard.plans.services import SourceState, get_plan_for_user, resolve_sources
+from dashboard.plans.services import (
+    SourceState,
+    UserPlans,
+    get_plan_for_user,
+    resolve_build_sources,
+    resolve_sources,
+)
 from dashboard.refusals import Conflict, Forbidden, Gone, NotFound, Refusal
 from dashboard.sources import SAVED
 
@@ -57,13 +65,24 @@ NO_MATCH = ("No memory matches this closely enough: nothing saved or remembered 
             "it, as far as a search can tell.")
 
 FORGET_MODES = ("soft_delete", "redact", "hard_delete")
-# The scope each mode needs: restoring undoes a soft delete, so it is the same scope.
-SCOPE_FOR_MODE = {
+# The scope each operation needs, whoever asks (the /v1 routes, the MCP tools, stdio): the
+# one table, checked by the services below. Restoring undoes a soft delete: the same scope.
+SCOPE_FOR_OPERATION = {
+    "save": "memory:write",
+    "update": "memory:write",
+    "get": "memory:read",
+    "list": "memory:read",
+    "search": "memory:read",
+    "status": "memory:read",
+    "export": "memory:read",
+    "receipts": "memory:read",
     "soft_delete": "memory:delete",
     "restore": "memory:delete",
     "redact": "memory:redact",
     "hard_delete": "memory:hard_delete",
 }
+# The scopes a credential (API key, connection) carries; None: the owner on their own pages.
+Scopes = list[str] | tuple[str, ...] | None
 
 
 # -- refusals: kinds, never HTTP statuses (each edge maps them) -----------------------------
@@ -73,7 +92,11 @@ class InvalidMemoryInput(Refusal):
 
 
 class ScopeMissing(Forbidden):
-    """The key (or the owner's own pages) may not use this mode."""
+    """The credential (or the owner's own pages) may not do this; ``scope`` is needed."""
+
+    def __init__(self, sentence: str, scope: str) -> None:
+        super().__init__(sentence)
+        self.scope = scope
 
 
 class MemoryNotFound(NotFound):
@@ -172,17 +195,19 @@ def check_mode(mode: object, allowed: tuple[str, ...] = FORGET_MODES) -> str:
     return str(mode)
 
 
-def check_scope(scopes: list[str] | tuple[str, ...] | None, mode: str) -> None:
-    """``scopes`` is ``None`` for the owner acting on their own pages (every mode but
-    hard delete is theirs)."""
-    needed = SCOPE_FOR_MODE[mode]
+def check_scope(scopes: Scopes, operation: str) -> None:
+    """Refuse ``operation`` unless ``scopes`` hold its scope (``SCOPE_FOR_OPERATION``);
+    ``None`` is the owner acting on their own pages: everything but hard delete is theirs.
+    Every entry point a key or token reaches calls this first (403 before 404 and 409)."""
+    needed = SCOPE_FOR_OPERATION[operation]
     if scopes is None:
-        if mode == "hard_delete":
+        if operation == "hard_delete":
             raise ScopeMissing("Permanent deletion is done through the API with a key "
-                               "an administrator granted memory:hard_delete.")
+                               "an administrator granted memory:hard_delete.", needed)
         return
     if needed not in scopes:
-        raise ScopeMissing(f"This API key lacks the {needed} scope that {mode} needs.")
+        raise ScopeMissing(f"This API key lacks the {needed} scope that "
+                           f"{operation.replace('_', ' ')} needs.", needed)
 
 
 def parse_memory_id(value: object) -> uuid.UUID | None:
@@ -195,9 +220,10 @@ def parse_memory_id(value: object) -> uuid.UUID | None:
 # -- reading -------------------------------------------------------------------------------
 
 def find_memory(session: Session, owner_id: int, memory_id: object, *,
-                lock: bool = False) -> Memory:
+                lock: bool = False, scopes: Scopes = None) -> Memory:
     """The owner's memory, or MemoryNotFound (the same for someone else's and for none at
     all) or MemoryGone (this owner hard-deleted it)."""
+    check_scope(scopes, "get")
     parsed = parse_memory_id(memory_id)
     if parsed is None:
         raise MemoryNotFound(NOT_FOUND)
@@ -252,9 +278,11 @@ def clamp_limit(limit: object) -> int:
 
 
 def list_memories(session: Session, owner_id: int, *, status: str | None = None,
-                  limit: object = None, cursor: str | None = None) -> Page:
+                  limit: object = None, cursor: str | None = None,
+                  scopes: Scopes = None) -> Page:
     """The owner's memories, newest first, a page at a time (keyset: stable under
     inserts, no offset to skip through)."""
+    check_scope(scopes, "list")
     size = clamp_limit(limit)
     query = select(Memory).where(Memory.owner_id == owner_id)
     if status is not None:
@@ -290,9 +318,10 @@ def _remembered(session: Session, owner: Any) -> tuple[bool, str]:
 
 def save_memory(session: Session, *, owner: Any, content: object, metadata: object = None,
                 source: object = "api", actor: Actor, api_key_id: int | None = None,
-                client_name: str | None = None) -> Saved:
+                client_name: str | None = None, scopes: Scopes = None) -> Saved:
     """Save a memory and request a quick update for its owner; says whether saved
     memories are remembered on the owner's plan (the status sentence)."""
+    check_scope(scopes, "save")
     memory = Memory(owner_id=owner.id, content=check_content(content),
                     metadata_=check_metadata(metadata), source=check_source(source),
                     status="active", version=1, api_key_id=api_key_id,
@@ -313,11 +342,26 @@ def _snapshot(session: Session, memory: Memory) -> None:
                               status=memory.status))
 
 
+def change_memory(session: Session, owner_id: int, memory_id: object, *,
+                  content: object = None, metadata: object = None, actor: Actor,
+                  scopes: Scopes = None) -> tuple[Memory, BuildRequest | None]:
+    """``update_memory`` for a caller naming a memory by id: its scope (403), the values
+    (422), the target among the owner's (404/410), then its state (409)."""
+    check_scope(scopes, "update")
+    if content is not None:
+        check_content(content)
+    if metadata is not None:
+        check_metadata(metadata)
+    memory = find_memory(session, owner_id, memory_id)
+    return update_memory(session, memory, content=content, metadata=metadata, actor=actor)
+
+
 def update_memory(session: Session, memory: Memory, *, content: object = None,
                   metadata: object = None, actor: Actor
                   ) -> tuple[Memory, BuildRequest | None]:
-    """Change content and/or metadata of an active memory: the previous version is
-    snapshotted, the version goes up by one, and a quick update is requested.
+    """Change content and/or metadata of an active memory (found by the caller, whose
+    scope was checked: ``change_memory``): the previous version is snapshotted, the
+    version goes up by one, and a quick update is requested.
 
     A content change takes the old content's chunks away at once, under the build lock
     as a forget does: an edit that takes sensitive text out must not leave it recallable
@@ -418,8 +462,10 @@ def receipt_of(session: Session, marker: ForgetMarker, *,
                    else None, completed_by=marker.completed_by_id)
 
 
-def find_receipt(session: Session, owner_id: int, marker_id: object) -> Receipt:
+def find_receipt(session: Session, owner_id: int, marker_id: object, *,
+                 scopes: Scopes = None) -> Receipt:
     """The owner's erasure receipt ``marker_id`` (404 alike for someone else's)."""
+    check_scope(scopes, "receipts")
     # ASCII digits within the integer column only: "١", "1_0" or 2**40 name no marker.
     id_ = marker_id if type(marker_id) is int else parse_id(str(marker_id))
     marker = session.scalars(select(ForgetMarker).where(
@@ -430,7 +476,9 @@ def find_receipt(session: Session, owner_id: int, marker_id: object) -> Receipt:
     return receipt_of(session, marker)
 
 
-def receipts_of_memory(session: Session, owner_id: int, memory_id: object) -> list[Receipt]:
+def receipts_of_memory(session: Session, owner_id: int, memory_id: object, *,
+                       scopes: Scopes = None) -> list[Receipt]:
+    check_scope(scopes, "receipts")
     parsed = parse_memory_id(memory_id)
     if parsed is None:
         return []
@@ -497,12 +545,13 @@ def _soft_delete(session: Session, memory: Memory, metadata: Any) -> int:
 
 
 def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: object,
-                  actor: Actor, scopes: list[str] | None = None, reason: object = None,
+                  actor: Actor, scopes: Scopes = None, reason: object = None,
                   replacement_content: object = None, metadata: object = None) -> Receipt:
     """Soft delete, redact or hard delete the owner's memory, in the caller's
     transaction: checks in the API's order (the mode's scope, then the target, then its
     state), then removes its chunks at once and leaves the marker and audit event."""
     mode = check_mode(mode)
+    check_scope(scopes, mode)
     reason = check_reason(reason)
     if replacement_content is not None:
         if mode != "redact":
@@ -514,7 +563,6 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
             raise InvalidMemoryInput("metadata cannot be given with hard_delete: nothing "
                                      "of the memory remains.", "metadata")
         metadata = check_metadata(metadata)
-    check_scope(scopes, mode)
     find_memory(session, owner_id, memory_id)  # 404/410 before waiting on any lock
     # The build's lock first, then the row: a running build of this owner finishes (and
     # commits what it wrote) before we delete; a later one reads the memory as forgotten.
@@ -602,13 +650,13 @@ def _defer_for_hold(session: Session, memory: Memory, *, mode: str, reason: str,
 
 
 def restore_memory(session: Session, owner_id: int, memory_id: object, *, actor: Actor,
-                   scopes: list[str] | None = None, reason: object = None,
+                   scopes: Scopes = None, reason: object = None,
                    metadata: object = None) -> Receipt:
     """Undo a soft delete: active again, version + 1, and a quick update requested so
     the memory is recalled again after the next build. Redacted: 409; hard-deleted: 410."""
+    check_scope(scopes, "restore")
     reason = check_reason(reason)
     metadata = check_metadata(metadata) if metadata is not None else None
-    check_scope(scopes, "restore")
     memory = find_memory(session, owner_id, memory_id, lock=True)
     if memory.status == "redacted":
         raise MemoryConflict("A redacted memory cannot be restored: its content is gone.")
@@ -643,9 +691,10 @@ class Recalled:
 
 
 def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Embedder,
-           max_distance: RecallCut = None) -> list[Recalled]:
+           max_distance: RecallCut = None, scopes: Scopes = None) -> list[Recalled]:
     """Top-k over the owner's chunks (every source), each naming where it came from; a
     query with nothing to search on is refused (``NothingToSearch``, field "query")."""
+    check_scope(scopes, "search")
     query = check_content(query, "query")
     hits = search_memory(session, owner_id, query, max(1, min(int(k), MAX_RECALL_K)),
                          embedder=embedder, max_distance=max_distance)
@@ -686,9 +735,11 @@ def memory_dict(memory: Memory) -> dict[str, Any]:
     }
 
 
-def export_memories(session: Session, owner_id: int) -> dict[str, Any]:
+def export_memories(session: Session, owner_id: int, *, scopes: Scopes = None
+                    ) -> dict[str, Any]:
     """Everything remembered about the owner: the saved memories (every status; redacted
     ones as they are now) and every memory chunk the last builds stored, by source."""
+    check_scope(scopes, "export")
     memories = session.scalars(select(Memory).where(Memory.owner_id == owner_id)
                                .order_by(Memory.created_at, Memory.id))
     chunks = session.execute(
@@ -704,3 +755,11 @@ def export_memories(session: Session, owner_id: int) -> dict[str, Any]:
                     "content": content, "created_at": created.isoformat()}
                    for key, sid, index, content, created in chunks],
     }
+
+
+def status_of(session: Session, user: Any, *, embedder_name: str,
+              scopes: Scopes = None) -> MemoryStatus:
+    """The Memory Status page's truth for ``user``, for a caller holding memory:read."""
+    check_scope(scopes, "status")
+    return memory_status(session, user, resolution=resolve_build_sources(user, UserPlans(session)),
+                         embedder_name=embedder_name)

@@ -6,6 +6,7 @@ attribution; forgetting that takes effect at once, with no build in between; exp
 from __future__ import annotations
 
 import base64
+import inspect
 import json
 import math
 from datetime import UTC, datetime, timedelta
@@ -637,8 +638,10 @@ def test_only_an_active_memory_can_be_changed(db_session, owner):
 
 # -- scopes and the order of checks --------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["soft_delete", "redact", "hard_delete"])
-def test_a_key_without_the_modes_scope_is_refused(db_session, owner, mode):
+@pytest.mark.parametrize("mode,scope", [("soft_delete", "memory:delete"),
+                                        ("redact", "memory:redact"),
+                                        ("hard_delete", "memory:hard_delete")])
+def test_a_key_without_the_modes_scope_is_refused(db_session, owner, mode, scope):
     key, _ = create_key(db_session, owner=owner, name="reader",
                         scopes=["memory:read", "memory:write"], actor=Actor.of(owner))
     memory = make_memory(db_session, owner)
@@ -646,7 +649,7 @@ def test_a_key_without_the_modes_scope_is_refused(db_session, owner, mode):
         forget_memory(db_session, owner.id, memory.id, mode=mode,
                       actor=Actor("api_key", key.id), scopes=key.scopes)
     assert caught.value.kind == "forbidden"
-    assert services.SCOPE_FOR_MODE[mode] in caught.value.sentence
+    assert scope in caught.value.sentence and caught.value.scope == scope
     assert memory_row(db_session, memory.id).status == "active"
 
 
@@ -692,6 +695,69 @@ def test_a_missing_scope_is_reported_before_a_missing_target(db_session, owner, 
     with pytest.raises(ScopeMissing):
         restore_memory(db_session, owner.id, memory_id, actor=Actor("api_key", "1"),
                        scopes=reader)
+    writer = ["memory:write"]
+    for call in (
+        lambda: services.find_memory(db_session, owner.id, memory_id, scopes=writer),
+        lambda: services.receipts_of_memory(db_session, owner.id, memory_id, scopes=writer),
+        lambda: services.change_memory(db_session, owner.id, memory_id, content="x",
+                                       actor=Actor("api_key", "1"), scopes=reader),
+    ):
+        with pytest.raises(ScopeMissing):
+            call()
+
+
+# Each entry point with a credential lacking its scope, and input it would refuse
+# otherwise (422 or 404): the scope is what it answers.
+UNREADABLE = ["memory:write", "memory:delete"]
+ENTRY_POINTS = {
+    "save_memory": lambda s, owner: services.save_memory(
+        s, owner=owner, content="", actor=Actor("api_key", "1"), scopes=["memory:read"]),
+    "change_memory": lambda s, owner: services.change_memory(
+        s, owner.id, "not-a-uuid", content="", actor=Actor("api_key", "1"),
+        scopes=["memory:read"]),
+    "find_memory": lambda s, owner: services.find_memory(s, owner.id, "not-a-uuid",
+                                                         scopes=UNREADABLE),
+    "list_memories": lambda s, owner: services.list_memories(
+        s, owner.id, status="lost", cursor="?", scopes=UNREADABLE),
+    "recall": lambda s, owner: services.recall(
+        s, owner.id, "", 5, embedder=get_embedder("hashing"), scopes=UNREADABLE),
+    "export_memories": lambda s, owner: services.export_memories(s, owner.id,
+                                                                 scopes=UNREADABLE),
+    "status_of": lambda s, owner: services.status_of(s, owner, embedder_name="hashing",
+                                                     scopes=UNREADABLE),
+    "receipts_of_memory": lambda s, owner: services.receipts_of_memory(
+        s, owner.id, "not-a-uuid", scopes=UNREADABLE),
+    "find_receipt": lambda s, owner: services.find_receipt(s, owner.id, "0",
+                                                           scopes=UNREADABLE),
+    "forget_memory": lambda s, owner: services.forget_memory(
+        s, owner.id, "not-a-uuid", mode="redact", reason="\x00", actor=Actor("api_key", "1"),
+        scopes=["memory:read", "memory:delete"]),
+    "restore_memory": lambda s, owner: services.restore_memory(
+        s, owner.id, "not-a-uuid", reason="\x00", actor=Actor("api_key", "1"),
+        scopes=["memory:read", "memory:redact"]),
+}
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_each_entry_point_checks_the_scope_before_anything_else(db_session, owner, entry):
+    with pytest.raises(ScopeMissing):
+        ENTRY_POINTS[entry](db_session, owner)
+
+
+def test_every_service_taking_scopes_is_among_them():
+    taking = {name for name, value in vars(services).items()
+              if inspect.isfunction(value) and value.__module__ == services.__name__
+              and "scopes" in inspect.signature(value).parameters and name != "check_scope"}
+    assert taking == set(ENTRY_POINTS)
+
+
+def test_the_owner_on_their_own_pages_passes_every_check_but_hard_delete(db_session):
+    for operation in services.SCOPE_FOR_OPERATION:
+        if operation == "hard_delete":
+            with pytest.raises(ScopeMissing):
+                services.check_scope(None, operation)
+        else:
+            assert services.check_scope(None, operation) is None
 
 
 def test_the_target_is_checked_before_its_state(db_session, owner, other):
