@@ -7,11 +7,21 @@ What is covered: the item's every text (content and earlier versions), each of i
 as the built-in responder quotes them (flattened, cut at ``QUOTE_CHARS``), and each of
 its sentences, whatever whitespace separates the words. Not covered: a paraphrase (an LLM
 responder may restate the item in other words), another conversation's reply that was
-handed no memory but repeats it, a Blink caught from a reply (the owner's own note)."""
+handed no memory but repeats it, the owner's own messages, a Blink caught from a reply."""
 
 from __future__ import annotations
 
-from sqlalchemy import ARRAY, Integer, Text, bindparam, delete, func, select, text
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    Integer,
+    Text,
+    bindparam,
+    delete,
+    func,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 
 from dashboard.copies import CopyCount, Erasure, literal_forms, sentences, words_pattern
@@ -41,7 +51,8 @@ def quoted_forms(texts: tuple[str, ...]) -> list[str]:
     return forms
 
 
-def _recalls(erasure: Erasure):  # noqa: ANN202 (a statement's WHERE clause)
+def _recalls(erasure: Erasure) -> tuple[ColumnElement[bool], ...]:
+    """The "Drew on" records naming the item."""
     return (ReplyRecall.user_id == erasure.owner_id,
             ReplyRecall.source_key == erasure.source_key,
             ReplyRecall.source_id == erasure.source_id)
