@@ -183,14 +183,15 @@ def test_an_erasure_reaches_the_reply_the_drew_on_record_and_the_export(
     assert_receipt_says_clean(c, receipt.marker_id)
 
 
-def test_under_a_legal_hold_the_copies_wait_with_the_redaction_then_follow_it(
-        app, copied, committed, caplog, queue):
+@pytest.mark.parametrize("mode", ["redact", "hard_delete"])
+def test_under_a_legal_hold_the_copies_wait_with_the_erasure_then_follow_it(
+        app, copied, committed, caplog, queue, mode):
     c = copied
     admin = committed.user(role="admin")
     hold = place_hold(c.session, c.owner.id, reason="matter 7", ends_at=None,
                       actor=Actor.of(admin))
     c.session.commit()
-    pending = forget_memory(c.session, c.owner.id, c.memory_id, mode="redact",
+    pending = forget_memory(c.session, c.owner.id, c.memory_id, mode=mode,
                             actor=Actor.of(c.owner), scopes=ALL_SCOPES, reason=REASON)
     c.session.commit()
     # Pending: recall stops, the copies are kept as the hold keeps the memory.
@@ -203,7 +204,7 @@ def test_under_a_legal_hold_the_copies_wait_with_the_redaction_then_follow_it(
             ReplyRecall.source_id == str(c.memory_id))) == 1
     assert ("messages", "content") in where_is(c.canary)
 
-    # The hold ends: the redaction completes, and its copies go with it, in one transaction.
+    # The hold ends: the erasure completes, and its copies go with it, in one transaction.
     release_hold(c.session, c.session.merge(hold), actor=Actor.of(admin))
     assert complete_released(c.session, user_id=c.owner.id) == 1
     c.session.commit()
