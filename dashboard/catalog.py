@@ -1,11 +1,15 @@
-"""The product's sources, in rank order (the order is the rank), installed in the
-registry when this is imported: the app and every command import it before any build."""
+"""The product's sources, in rank order (the order is the rank), and the keepers of the
+copies an erasure must reach, installed in their registries when this is imported: the
+app and every command import it before any build or forget."""
 
 from __future__ import annotations
 
 from dashboard.blinks.source import BLINKS_SOURCE
+from dashboard.copies import Keeper, install_keepers
 from dashboard.documents.source import DOCUMENTS_SOURCE
+from dashboard.exports.services import withdraw_exports
 from dashboard.memories.source import SAVED_SOURCE
+from dashboard.orbitpilot.copies import erase_chat_copies
 from dashboard.orbitpilot.source import CHAT_HISTORY_SOURCE, PROFILE_SOURCE
 from dashboard.sources import Source, install
 
@@ -13,3 +17,8 @@ SOURCES: tuple[Source, ...] = (
     PROFILE_SOURCE, BLINKS_SOURCE, SAVED_SOURCE, CHAT_HISTORY_SOURCE, DOCUMENTS_SOURCE)
 
 install(SOURCES)
+
+# The chat's replies and "Drew on" records, then the exports (which copy everything).
+KEEPERS: tuple[Keeper, ...] = (erase_chat_copies, withdraw_exports)
+
+install_keepers(KEEPERS)

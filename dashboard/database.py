@@ -14,9 +14,11 @@ from sqlalchemy.engine import Connection, make_url
 
 # Tables the app may only read and append to.
 APPEND_ONLY_TABLES = ("audit_events", "audit_checkpoints")
-# Tables the app VACUUMs after redactions and hard deletes (memories.erasure): MAINTAIN on
-# these alone, PostgreSQL 17+ (before that only an owner may VACUUM a table).
-VACUUMED_TABLES = ("memories", "memory_versions", "memory_chunks")
+# Tables the app VACUUMs after redactions and hard deletes (memories.erasure): the memory
+# tables, and where an erasure rewrites or deletes copies (chat replies, export pieces).
+# MAINTAIN on these alone, PostgreSQL 17+ (before that only an owner may VACUUM a table).
+VACUUMED_TABLES = ("memories", "memory_versions", "memory_chunks", "messages",
+                   "data_export_parts")
 MAINTAIN_SINCE = 170000  # server_version_num
 
 

@@ -12,7 +12,7 @@ from dashboard.connectors.models import (
 )
 from dashboard.documents.models import Document
 from dashboard.exports.models import DataExport, DataExportPart
-from dashboard.holds.models import LegalHold
+from dashboard.holds.models import HeldVersion, LegalHold
 from dashboard.leases import MaintenanceLease
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import MemoryBuild, MemoryChunk
@@ -21,7 +21,8 @@ from dashboard.plans.models import Plan, SourceAssignment
 
 __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "ConnectorAccess", "Conversation",
-    "DataExport", "DataExportPart", "Document", "ForgetMarker", "LegalHold", "MaintenanceLease",
+    "DataExport", "DataExportPart", "Document", "ForgetMarker", "HeldVersion", "LegalHold",
+    "MaintenanceLease",
     "Memory", "MemoryBuild", "MemoryChunk", "MemoryVersion", "Message", "OAuthClient",
     "OAuthCode", "OAuthGrant", "OAuthToken", "Plan", "ProfileFact", "ReplyRecall",
     "SourceAssignment", "User",

@@ -10,7 +10,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.blinks.models import Blink
-from dashboard.holds import refuse_while_held
+from dashboard.holds import keep_held_version, refuse_while_held
 from dashboard.refusals import FieldError
 
 MAX_TITLE = 200
@@ -77,9 +77,16 @@ def list_blinks(session: Session, *, user_id: int, page: int = 1,
 
 
 def update_blink(session: Session, blink: Blink, *, title: str, content: str) -> Blink:
+    """Change a Blink; under a legal hold the text it replaced is kept until the hold ends
+    (``holds.keep_held_version``), since a Blink keeps no versions of its own."""
     title, content = _clean(title, content)
+    before = (blink.title, blink.content)
+    if before == (title, content):
+        return blink
     blink.title, blink.content = title, content
     session.flush()
+    keep_held_version(session, blink.user_id, "blink", blink.id, title=before[0],
+                      content=before[1])
     return blink
 
 

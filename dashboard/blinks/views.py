@@ -18,8 +18,7 @@ from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_CONTENT, MAX_TITLE
 from dashboard.errors import problem
 from dashboard.extensions import db
-from dashboard.forms import owned_or_404, same_site_path, save_form
-from dashboard.holds import HeldByLaw
+from dashboard.forms import delete_page, owned_or_404, same_site_path, save_form
 from dashboard.plans.web import sentence_for
 from dashboard.sources import BLINKS
 
@@ -93,18 +92,11 @@ def edit():
 @bp.route("/delete/", methods=["GET", "POST"])
 @login_required
 def delete():
-    """GET asks for confirmation (works without JS); POST deletes."""
+    """GET asks for confirmation (works without JS); POST deletes (``delete_page``)."""
     blink = _owned(request.args.get("id"))
-    if request.method != "POST":  # GET and HEAD show; only a POST changes
-        return render_template("blink/delete.html", blink=blink)
-    try:
-        services.delete_blink(db.session, blink)
-    except HeldByLaw as exc:
-        flash(exc.sentence, "warning")
-        return redirect(url_for("blinks.index"), 303)
-    db.session.commit()
-    flash("Blink deleted.", "success")
-    return redirect(url_for("blinks.index"))
+    return delete_page(confirm=lambda: render_template("blink/delete.html", blink=blink),
+                       delete=lambda: services.delete_blink(db.session, blink),
+                       noun="Blink", endpoint="blinks.index")
 
 
 def _parse_excluded(raw: str | None) -> bool | None:

@@ -7,7 +7,7 @@ answers that 413 with the upload page and a form error rather than a bare error 
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
+from flask import Blueprint, current_app, render_template, request
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -17,8 +17,7 @@ from dashboard.documents import services
 from dashboard.documents.models import Document
 from dashboard.documents.services import MAX_TITLE
 from dashboard.extensions import db, login_manager
-from dashboard.forms import owned_or_404, save_form
-from dashboard.holds import HeldByLaw
+from dashboard.forms import delete_page, owned_or_404, save_form
 from dashboard.plans.web import sentence_for
 from dashboard.sources import DOCUMENTS
 
@@ -98,15 +97,9 @@ def view():
 @bp.route("/delete/", methods=["GET", "POST"])
 @login_required
 def delete():
-    """GET asks for confirmation (works without JS); POST deletes."""
+    """GET asks for confirmation (works without JS); POST deletes (``delete_page``)."""
     document = _owned(request.args.get("id"))
-    if request.method != "POST":  # GET and HEAD show; only a POST changes
-        return render_template("documents/delete.html", document=document)
-    try:
-        services.delete_document(db.session, document)
-    except HeldByLaw as exc:
-        flash(exc.sentence, "warning")
-        return redirect(url_for("documents.index"), 303)
-    db.session.commit()
-    flash("Document deleted.", "success")
-    return redirect(url_for("documents.index"))
+    return delete_page(
+        confirm=lambda: render_template("documents/delete.html", document=document),
+        delete=lambda: services.delete_document(db.session, document),
+        noun="Document", endpoint="documents.index")

@@ -7,6 +7,7 @@ from dashboard.exports.services import (
     REPORT_NAME,
     SCHEMA_NAME,
     SECTIONS,
+    WITHDRAWN,
     ExportGone,
     ExportNotFound,
     build_export,
@@ -18,9 +19,10 @@ from dashboard.exports.services import (
     open_download,
     request_export,
     tend_exports,
+    withdraw_exports,
 )
 
-__all__ = ["JSON_NAME", "REPORT_NAME", "SCHEMA_NAME", "SECTIONS", "DataExport",
+__all__ = ["JSON_NAME", "REPORT_NAME", "SCHEMA_NAME", "SECTIONS", "WITHDRAWN", "DataExport",
            "DataExportPart", "ExportGone", "ExportNotFound", "build_export", "export_parts",
            "export_schema", "find_export", "is_expired", "latest_export", "open_download",
-           "request_export", "tend_exports"]
+           "request_export", "tend_exports", "withdraw_exports"]

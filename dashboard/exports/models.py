@@ -18,7 +18,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 from dashboard.extensions import db
 from dashboard.models_base import created_at_column
 
-EXPORT_STATUSES = ("queued", "running", "ready", "failed", "expired")
+# "withdrawn": an erasure after it was made took its copy away (docs: compliance.md).
+EXPORT_STATUSES = ("queued", "running", "ready", "failed", "expired", "withdrawn")
 
 
 class DataExport(db.Model):
@@ -37,7 +38,7 @@ class DataExport(db.Model):
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
-    status: Mapped[str] = mapped_column(String(8), default="queued", server_default="queued")
+    status: Mapped[str] = mapped_column(String(16), default="queued", server_default="queued")
     progress: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     stage: Mapped[str] = mapped_column(String(32), default="", server_default="")
     size_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
@@ -46,6 +47,7 @@ class DataExport(db.Model):
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    withdrawn_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class DataExportPart(db.Model):

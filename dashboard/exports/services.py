@@ -26,11 +26,14 @@ from sqlalchemy import (
     Numeric,
     Select,
     delete,
+    func,
     insert,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from dashboard.audit.models import AuditEvent
@@ -38,8 +41,10 @@ from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.connectors.models import ConnectorAccess, OAuthClient, OAuthGrant
+from dashboard.copies import CopyCount, Erasure
 from dashboard.documents.models import Document
 from dashboard.exports.models import DataExport, DataExportPart
+from dashboard.holds.models import HeldVersion
 from dashboard.ids import find_owned
 from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import Call, MemoryBuild, MemoryChunk, defer_job
@@ -55,6 +60,10 @@ SCHEMA_NAME = "orbitpilot-export.schema.json"
 REPORT_NAME = "report.html"
 FORMAT = "orbitpilot-export"
 FORMAT_VERSION = 1
+
+
+WITHDRAWN = ("This export was withdrawn: something in it was erased after it was made, so "
+             "its copy was deleted. Ask for a new one.")
 
 
 class ExportNotFound(NotFound):
@@ -139,6 +148,12 @@ SECTIONS: tuple[Section, ...] = (
              _cols(Document.id, Document.title, Document.filename, Document.content_type,
                    Document.content, Document.created_at, Document.updated_at),
              lambda uid: Document.user_id == uid, (Document.id,)),
+    _section("held_versions", "Versions kept by a legal hold",
+             "While a legal hold held your data, an edit of a Blink or a profile fact kept "
+             "the text it replaced; kept until the hold ends.",
+             _cols(HeldVersion.kind, HeldVersion.item_id, HeldVersion.title,
+                   HeldVersion.content, HeldVersion.held_at),
+             lambda uid: HeldVersion.user_id == uid, (HeldVersion.id,)),
     _section("chunks", "Your memory as stored",
              "The chunks your memory is made of, as stored, with the source and record "
              "each came from (their vectors are numbers derived from the text, left out).",
@@ -148,14 +163,17 @@ SECTIONS: tuple[Section, ...] = (
              lambda uid: MemoryChunk.user_id == uid,
              (MemoryChunk.source_key, MemoryChunk.source_id, MemoryChunk.chunk_index)),
     _section("erasure_receipts", "Erasure receipts",
-             "Every forget, redaction, deletion and restore, and what it removed.",
+             "Every forget, redaction, deletion and restore, what it removed (of copies "
+             "too: chat replies, \u201cDrew on\u201d records, exports) and what was found "
+             "after it.",
              _cols(ForgetMarker.id.label("marker_id"), ForgetMarker.memory_id,
                    ForgetMarker.mode, ForgetMarker.reason, ForgetMarker.actor_type,
                    ForgetMarker.from_status, ForgetMarker.to_status, ForgetMarker.version,
                    ForgetMarker.removed_versions, ForgetMarker.removed_chunks,
                    ForgetMarker.audit_event_id, ForgetMarker.created_at,
                    ForgetMarker.vacuumed_at, ForgetMarker.probed_at, ForgetMarker.probe_rows,
-                   ForgetMarker.pending_hold, ForgetMarker.completed_by_id),
+                   ForgetMarker.pending_hold, ForgetMarker.completed_by_id,
+                   ForgetMarker.copies),
              lambda uid: ForgetMarker.owner_id == uid, (ForgetMarker.id,)),
     _section("connected_apps", "Connected apps", "Apps you connected, and their access.",
              _cols(OAuthGrant.id.label("grant_id"), OAuthClient.name.label("app"),
@@ -257,15 +275,31 @@ def request_export(session: Session, user: Any, *, interval: int,
                              .with_for_update()).first()
     if latest is not None and latest.status in ("queued", "running"):
         return latest, False
-    if latest is not None:
+    # A withdrawn export was taken away by an erasure, not used: asking again is not "too soon".
+    if latest is not None and latest.status != "withdrawn":
         waited = (now - latest.created_at).total_seconds()
         if waited < interval:
             left = int(interval - waited) + 1
             raise TooSoon(f"You asked for an export {int(waited // 60)} minute(s) ago; you "
                           f"can ask for a new one in {max(1, left // 60)} minute(s).", left)
-    export = DataExport(user_id=user.id, status="queued", created_at=now)
-    session.add(export)
-    session.flush()
+    # A first export asked twice at once: neither saw a row to lock, so the one-in-the-
+    # making index decides. The second insert waits for the first transaction, then does
+    # nothing, and joins the export the first one made (never an IntegrityError).
+    export_id = session.scalar(
+        pg_insert(DataExport).values(user_id=user.id, status="queued", created_at=now)
+        .on_conflict_do_nothing(index_elements=[DataExport.user_id],
+                                index_where=text("status IN ('queued', 'running')"))
+        .returning(DataExport.id))
+    if export_id is None:
+        pending = session.scalars(
+            select(DataExport).where(DataExport.user_id == user.id,
+                                     DataExport.status.in_(("queued", "running")))
+            .execution_options(populate_existing=True)).first()
+        if pending is not None:
+            return pending, False
+        # It was made and finished in between: what the user now sees is that one.
+        return latest_export(session, user.id), False
+    export = session.get(DataExport, export_id)
     record_event(session, action="export.request", actor=Actor.of(user), owner_id=user.id,
                  target_type="export", target_id=export.id, details={})
     defer_job(session, ("call", export_call(export.id)))
@@ -298,6 +332,8 @@ def open_download(session: Session, user: Any, export_id: Any, *,
     """The owner's ready export, audited as downloaded (the caller commits, then streams
     ``export_parts``). Someone else's: 404; expired or not ready: 410 / 404."""
     export = find_export(session, user.id, export_id)
+    if export.status == "withdrawn":
+        raise ExportGone(WITHDRAWN)
     if export.status == "expired" or (export.status == "ready" and is_expired(export, now)):
         raise ExportGone("This export's link has expired (24 hours). Ask for a new one.")
     if export.status != "ready":
@@ -419,9 +455,15 @@ def build_export(session: Session, export_id: int, *, now: datetime | None = Non
         session.commit()
         raise
     finished = now or datetime.now(UTC)
-    session.execute(update(DataExport).where(DataExport.id == export_id).values(
+    # Only if it is still running: an erasure meanwhile withdrew it (what it read before
+    # may hold the erased words), and then its pieces go with this rollback.
+    made = session.execute(update(DataExport).where(
+        DataExport.id == export_id, DataExport.status == "running").values(
         status="ready", progress=100, stage="ready", finished_at=finished,
-        expires_at=finished + timedelta(hours=LINK_HOURS)))
+        expires_at=finished + timedelta(hours=LINK_HOURS))).rowcount
+    if not made:
+        session.rollback()
+        return "withdrawn"
     record_event(session, action="export.ready", actor=Actor("system"), owner_id=user.id,
                  target_type="export", target_id=export_id,
                  details={"rows": counts, "bytes": session.scalar(
@@ -520,3 +562,32 @@ def tend_exports(session: Session, *, lost: Callable[[dict[str, int]], list[int]
                         .values(status="expired"))
     session.flush()
     return {"pushed": pushed, "failed": failed, "expired": len(expired_ids)}
+
+
+# -- an erasure's copies (a keeper of ``dashboard.copies``) -----------------------------------
+
+EXPORTS = "exports"
+EXPORT_PARTS = "export_parts"
+
+
+def withdraw_exports(session: Session, erasure: Erasure) -> list[CopyCount]:
+    """An erasure withdraws the owner's exports that may hold the erased words: those
+    ready to download and the one being made (it may have read them already; its job
+    then stores nothing). Their pieces are deleted now. A queued one reads after this
+    commit, so it stays. Then both are counted again: exports still downloadable or in the
+    making from before, and pieces still stored."""
+    owner = erasure.owner_id
+    withdrawn = list(session.scalars(
+        update(DataExport).where(DataExport.user_id == owner,
+                                 DataExport.status.in_(("running", "ready")))
+        .values(status="withdrawn", withdrawn_at=datetime.now(UTC))
+        .returning(DataExport.id)))
+    of_owner = select(DataExport.id).where(DataExport.user_id == owner)
+    parts = session.execute(delete(DataExportPart).where(
+        DataExportPart.export_id.in_(of_owner))).rowcount or 0
+    exports_left = session.scalar(select(func.count()).select_from(DataExport).where(
+        DataExport.user_id == owner, DataExport.status.in_(("running", "ready")))) or 0
+    parts_left = session.scalar(select(func.count()).select_from(DataExportPart).where(
+        DataExportPart.export_id.in_(of_owner))) or 0
+    return [CopyCount(EXPORTS, len(withdrawn), exports_left),
+            CopyCount(EXPORT_PARTS, parts, parts_left)]

@@ -46,7 +46,7 @@ def ask() -> Any:
         return redirect(url_for("memory.status"), 303)
     db.session.commit()
     if not new:
-        flash("Your export is already being made.", "info")
+        flash("An export is already being prepared: this is it.", "info")
     return redirect(url_for("exports.show", export_id=export.id), 303)
 
 
@@ -72,8 +72,8 @@ def show(export_id: str) -> Any:
 def download(export_id: str) -> Any:
     try:
         export = open_download(db.session, current_user, export_id)
-    except ExportGone:
-        abort(410, "This export's link has expired (24 hours). Ask for a new one.")
+    except ExportGone as exc:
+        abort(410, exc.sentence)
     except ExportNotFound:
         abort(404)
     db.session.commit()

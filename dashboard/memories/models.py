@@ -125,6 +125,12 @@ class ForgetMarker(db.Model):
     # receipt is ``completed_by_id``.
     pending_hold: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     completed_by_id: Mapped[int | None] = mapped_column(BigInteger)
+    # A redaction's or hard delete's copies (``dashboard.copies``): each kind of copy, what
+    # it changed and what an exact count found left after it, in the same transaction —
+    # [{"kind": "replies", "removed": 1, "left": 0}, …] (a list: jsonb keeps its order).
+    # Counts only; NULL: no copy was searched (a soft delete, a restore, an erasure
+    # waiting for a legal hold).
+    copies: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
 
     owner: Mapped[User] = relationship(foreign_keys=[owner_id])
 

@@ -68,6 +68,43 @@ def memory_source_label(source: str, client_name: str | None = None) -> str:
     return f"{client_name} ({label})" if client_name and client_name != label else label
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+# A receipt's copies, by kind (``dashboard.copies``): what the erasure did, what the probe
+# counted. Counts only: a receipt never holds the words.
+COPY_REMOVED = {
+    "replies": lambda n: f"{_count(n, 'chat reply', 'chat replies')} rewritten: the item's "
+                         f"words replaced by {REDACTED}",
+    "drew_on": lambda n: f"{_count(n, '“Drew on” record', '“Drew on” records')} naming it "
+                         "deleted",
+    "exports": lambda n: f"{_count(n, 'export', 'exports')} withdrawn (made before, so they "
+                         "held it)",
+    "export_parts": lambda n: f"{_count(n, 'stored export piece', 'stored export pieces')} "
+                              "deleted",
+}
+COPY_LEFT = {
+    "chunks": lambda n: f"{_count(n, 'chunk', 'chunks')} of it in your memory",
+    "replies": lambda n: f"{_count(n, 'reply', 'replies')} holding its words, among every "
+                         "reply of the conversations that drew on it",
+    "drew_on": lambda n: f"{_count(n, '“Drew on” record', '“Drew on” records')} naming it",
+    "exports": lambda n: f"{_count(n, 'export', 'exports')} from before it still "
+                         "downloadable or being made",
+    "export_parts": lambda n: f"{_count(n, 'stored piece', 'stored pieces')} of your exports",
+}
+
+
+@bp.app_template_global("copy_removed")
+def copy_removed(kind: str, n: int) -> str:
+    return COPY_REMOVED[kind](n) if kind in COPY_REMOVED else f"{kind}: {n} removed"
+
+
+@bp.app_template_global("copy_left")
+def copy_left(kind: str, n: int) -> str:
+    return COPY_LEFT[kind](n) if kind in COPY_LEFT else f"{kind}: {n} found"
+
+
 class ForgetForm(FlaskForm):
     # The service validates lengths and text; the form only carries values (and CSRF).
     mode = HiddenField()
@@ -187,8 +224,9 @@ def forget(memory_id: str | None = None):
         flash("Your account is under a legal hold: the memory is forgotten now (no longer "
               "recalled), and the redaction completes when the hold ends.", "warning")
     elif mode == "redact":
-        flash("Memory redacted: its content was replaced and the content of its earlier "
-              "versions erased. This cannot be undone.", "success")
+        flash("Memory redacted: its content was replaced, the content of its earlier "
+              "versions erased, its words taken out of the chat replies that quoted it, and "
+              "any export holding it withdrawn. This cannot be undone.", "success")
     else:
         flash("Memory forgotten: it is no longer recalled. You can restore it from your "
               "saved memories.", "success")

@@ -206,6 +206,12 @@ class SearchOut(BaseModel):
 class RemovedCounts(BaseModel):
     versions: int
     chunks: int
+    # A redaction's or hard delete's copies (absent otherwise): docs/architecture/erasure.md.
+    replies: int | None = Field(None, description="Chat replies rewritten: the memory's "
+                                                  "words in them replaced by [REDACTED].")
+    drew_on: int | None = Field(None, description="\"Drew on\" records naming it, deleted.")
+    exports: int | None = Field(None, description="Exports made before it, withdrawn.")
+    export_parts: int | None = Field(None, description="Their stored pieces, deleted.")
 
 
 class AuditRef(BaseModel):
@@ -223,6 +229,11 @@ class ProbeState(BaseModel):
                                             "restore).")
     rows: int | None = Field(description="The memory's chunks an exact count found after "
                                          "the delete: 0.")
+    searched: list[str] = Field(description="What the probe counted: \"chunks\", and for "
+                                            "a redaction or hard delete each kind of copy "
+                                            "(replies, drew_on, exports, export_parts).")
+    found: dict[str, int] | None = Field(description="By what was searched, what the exact "
+                                                     "counts found left: all 0.")
 
 
 class ReceiptOut(BaseModel):

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor, record_event
+from dashboard.copies import CopyCount, Erasure, erase_copies
 from dashboard.holds import is_held
 from dashboard.ids import INT4_MAX, parse_id
 from dashboard.memories.models import (
@@ -425,6 +426,21 @@ class Receipt:
     # ``completed_by``: the receipt of the erasure once it ran.
     pending: str | None = None
     completed_by: int | None = None
+    # A redaction's or hard delete's copies, by kind: {"removed": n, "left": m}; ``None``
+    # when none were searched (a soft delete, a restore, an erasure waiting for a hold).
+    copies: dict[str, dict[str, int]] | None = None
+
+    @property
+    def searched(self) -> list[str]:
+        """What the post-delete probe counted: the item's chunks, and each kind of copy."""
+        if self.probed_at is None:
+            return []
+        return ["chunks", *(self.copies or {})]
+
+    @property
+    def found(self) -> int:
+        """Everything the probe found left: chunks and copies (0: the search was clean)."""
+        return (self.probe_rows or 0) + sum(n["left"] for n in (self.copies or {}).values())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -435,14 +451,21 @@ class Receipt:
             "to_status": self.to_status,
             "version": self.version,
             "reason": self.reason,
-            "removed": {"versions": self.removed_versions, "chunks": self.removed_chunks},
+            "removed": {"versions": self.removed_versions, "chunks": self.removed_chunks,
+                        **{kind: n["removed"] for kind, n in (self.copies or {}).items()}},
             "audit_event": {"id": self.audit_event_id, "hash": self.audit_hash},
             "created_at": self.created_at.isoformat(),
             "vacuum": {"due": self.vacuum_due,
                        "vacuumed_at": self.vacuumed_at.isoformat() if self.vacuumed_at
                        else None},
+            # ``rows``: the item's chunks (as before copies were searched); ``found``: by
+            # kind, what the exact counts found — ``searched`` names the kinds.
             "probe": {"at": self.probed_at.isoformat() if self.probed_at else None,
-                      "rows": self.probe_rows},
+                      "rows": self.probe_rows,
+                      "searched": self.searched,
+                      "found": {"chunks": self.probe_rows,
+                                **{kind: n["left"] for kind, n in (self.copies or {}).items()}}
+                      if self.probed_at else None},
             "pending": self.pending,
             "completed_by": self.completed_by,
         }
@@ -459,7 +482,9 @@ def receipt_of(session: Session, marker: ForgetMarker, *,
                    marker.created_at, marker.vacuum_due, marker.vacuumed_at, marker.reason,
                    probed_at=marker.probed_at, probe_rows=marker.probe_rows,
                    pending="legal_hold" if marker.pending_hold and not marker.completed_by_id
-                   else None, completed_by=marker.completed_by_id)
+                   else None, completed_by=marker.completed_by_id,
+                   copies={c["kind"]: {"removed": c["removed"], "left": c["left"]}
+                           for c in marker.copies} if marker.copies is not None else None)
 
 
 def find_receipt(session: Session, owner_id: int, marker_id: object, *,
@@ -506,14 +531,18 @@ class _Gone:
 
 def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, actor: Actor,
           from_status: str, to_status: str | None, removed_versions: int = 0,
-          removed_chunks: int = 0, pending_hold: bool = False) -> Receipt:
-    """The marker and its audit event; the receipt, with the event's hash as written."""
+          removed_chunks: int = 0, pending_hold: bool = False,
+          copies: list[CopyCount] | None = None) -> Receipt:
+    """The marker and its audit event; the receipt, with the event's hash as written.
+    ``copies``: what the erasure of its copies did and found (counts)."""
     marker = ForgetMarker(
         memory_id=memory.id, owner_id=memory.owner_id, mode=mode, reason=reason,
         actor_type=actor.kind, actor_id=str(actor.id), version=memory.version,
         from_status=from_status, to_status=to_status, removed_versions=removed_versions,
         removed_chunks=removed_chunks, pending_hold=pending_hold,
-        vacuum_due=mode in ("redact", "hard_delete") and not pending_hold)
+        vacuum_due=mode in ("redact", "hard_delete") and not pending_hold,
+        copies=[{"kind": c.kind, "removed": c.removed, "left": c.left} for c in copies]
+        if copies is not None else None)
     if mode != "restore":
         # Proof, not belief: after the delete, an exact count (no index that could miss
         # a row) of the owner's chunks of this memory, in this same transaction.
@@ -527,7 +556,8 @@ def _mark(session: Session, memory: Memory | _Gone, *, mode: str, reason: str, a
         target_type="memory", target_id=str(memory.id), mode=mode,
         details={"marker_id": marker.id, "before": {"status": from_status},
                  "after": {"status": to_status}, "version": memory.version,
-                 "removed": {"versions": removed_versions, "chunks": removed_chunks},
+                 "removed": {"versions": removed_versions, "chunks": removed_chunks,
+                             **{c.kind: c.removed for c in copies or ()}},
                  **({"pending": "legal_hold"} if pending_hold else {})})
     marker.audit_event_id = event.id
     session.flush()
@@ -583,6 +613,7 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
     elif mode == "redact":
         if memory.status == "redacted":
             raise MemoryConflict("This memory is already redacted.")
+        copies = _erase_copies(session, memory, mode)
         # Every earlier version loses its content and metadata; the redacted version is
         # recorded as a snapshot without them (which version, in which state).
         purged = session.execute(
@@ -599,10 +630,11 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
         chunks = _forget_chunks(session, memory)
         receipt = _mark(session, memory, mode=mode, reason=reason, actor=actor,
                        from_status=from_status, to_status="redacted",
-                       removed_versions=purged + 1, removed_chunks=chunks)
+                       removed_versions=purged + 1, removed_chunks=chunks, copies=copies)
     else:  # hard_delete
         versions = session.scalar(select(func.count()).select_from(MemoryVersion)
                                   .where(MemoryVersion.memory_id == memory.id)) or 0
+        copies = _erase_copies(session, memory, mode)
         chunks = _forget_chunks(session, memory)
         gone = _Gone(memory.id, memory.owner_id, memory.version)
         # The delete (and the build request its flush makes) before the marker: every
@@ -612,8 +644,20 @@ def forget_memory(session: Session, owner_id: int, memory_id: object, *, mode: o
         session.flush()
         receipt = _mark(session, gone, mode=mode, reason=reason, actor=actor,
                        from_status=from_status, to_status=None,
-                       removed_versions=versions + 1, removed_chunks=chunks)
+                       removed_versions=versions + 1, removed_chunks=chunks, copies=copies)
     return receipt
+
+
+def _erase_copies(session: Session, memory: Memory, mode: str) -> list[CopyCount]:
+    """Before its content and versions go: every text the memory held (a redacted one's
+    was erased already), then every copy the product made of them (``dashboard.copies``:
+    chat replies, "Drew on" records, exports), erased and counted again."""
+    texts = [] if memory.status == "redacted" else [memory.content]
+    texts += session.scalars(select(MemoryVersion.content).where(
+        MemoryVersion.memory_id == memory.id, MemoryVersion.content.is_not(None))
+        .order_by(MemoryVersion.version))
+    return erase_copies(session, Erasure(memory.owner_id, SAVED, str(memory.id),
+                                         tuple(dict.fromkeys(texts)), mode, REDACTED))
 
 
 HELD_WITH_REPLACEMENT = (

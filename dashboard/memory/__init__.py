@@ -9,11 +9,12 @@ only (a test holds it so); the modules behind it are the engine's own.
   fan-outs (``apply_plan_change``), a model change, the truth check, ``index_user_ann``,
   pruning old build records and tombstones (for retention);
 - what they run with: the queue (``defer_job``: another domain's ``Call`` after the
-  commit), the embedders, the settings, the models."""
+  commit), the embedders, the settings, the models, the chunker (``chunk_text``)."""
 
 from dashboard.memory import changes as _changes  # noqa: F401  (registers the ORM listener)
 from dashboard.memory.ann import IndexOutcome, index_user_ann
 from dashboard.memory.bulk import PlanApplied, apply_plan_change
+from dashboard.memory.chunking import chunk_text
 from dashboard.memory.embedders import (
     OWN_CUT,
     Embedder,
@@ -83,7 +84,7 @@ __all__ = [
     "model_change_progress", "request_model_change_builds", "request_scheduled_builds",
     "sweep_builds", "VIOLATION_KINDS", "VerifyReport", "last_verification", "verify_memory",
     # what they run with
-    "BUILD_MODES", "RECORD_MODES",
+    "BUILD_MODES", "RECORD_MODES", "chunk_text",
     "BUILD_STATUSES", "BUILD_TRIGGERS", "OWN_CUT", "BuildQueue", "Embedder",
     "Call", "DeletedPart", "EngineSettings", "MemoryBuild", "MemoryChunk", "defer_job",
     "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",

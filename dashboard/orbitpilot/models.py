@@ -95,6 +95,12 @@ class Message(db.Model):
     reply_to_id: Mapped[int | None] = mapped_column(
         ForeignKey("messages.id", ondelete="SET NULL"), index=True
     )
+    # A reply handed memory items when it was made: chat history remembers its pair by the
+    # question alone. A column, not the "Drew on" rows: an erasure deletes those, and the
+    # reply (which may paraphrase what it was handed) must stay out of memory all the same.
+    drew_on_memory: Mapped[bool] = mapped_column(
+        Boolean, default=False, server_default="false"
+    )
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = updated_at_column()
 

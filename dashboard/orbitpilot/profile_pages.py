@@ -7,14 +7,13 @@ commits it."""
 
 from __future__ import annotations
 
-from flask import Blueprint, flash, redirect, render_template, request, url_for
+from flask import Blueprint, render_template, request
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from wtforms import StringField
 
 from dashboard.extensions import db
-from dashboard.forms import owned_or_404, save_form
-from dashboard.holds import HeldByLaw
+from dashboard.forms import delete_page, owned_or_404, save_form
 from dashboard.orbitpilot import profile_services as services
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.orbitpilot.profile_services import MAX_KEY, MAX_VALUE
@@ -73,15 +72,11 @@ def edit():
     return render_template("profile/edit.html", form=form, fact_id=fact_id)
 
 
-@bp.route("/delete/", methods=["POST"])
+@bp.route("/delete/", methods=["GET", "POST"])
 @login_required
 def delete():
+    """GET asks for confirmation (works without JS); POST deletes (``delete_page``)."""
     fact = _owned(request.args.get("id"))
-    try:
-        services.delete_fact(db.session, fact)
-    except HeldByLaw as exc:
-        flash(exc.sentence, "warning")
-        return redirect(url_for("profile.index"), 303)
-    db.session.commit()
-    flash("Fact deleted from your profile.", "success")
-    return redirect(url_for("profile.index"))
+    return delete_page(confirm=lambda: render_template("profile/delete.html", fact=fact),
+                       delete=lambda: services.delete_fact(db.session, fact),
+                       noun="Profile fact", endpoint="profile.index")

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dashboard.holds import refuse_while_held
+from dashboard.holds import keep_held_version, refuse_while_held
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.refusals import FieldError
 
@@ -96,12 +96,19 @@ def add_fact(session: Session, *, user_id: int, key: str, value: str) -> Profile
 
 
 def update_fact(session: Session, fact: ProfileFact, *, key: str, value: str) -> ProfileFact:
+    """Change a fact; under a legal hold the key and value it replaced are kept until the
+    hold ends (``holds.keep_held_version``)."""
     key, value = _clean(key, value)
+    before = (fact.key, fact.value)
+    if before == (key, value):
+        return fact
 
     def change() -> None:
         fact.key, fact.value = key, value
 
     _flush_unique(session, key, change)
+    keep_held_version(session, fact.user_id, "profile_fact", fact.id, title=before[0],
+                      content=before[1])
     return fact
 
 

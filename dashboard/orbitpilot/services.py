@@ -517,7 +517,8 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
     try:
         answer = Message(conversation_id=conversation.id, user_id=question.user_id,
                          role="assistant", position=question.position + 1,
-                         content=reply.text, reply_to_id=question.id)
+                         content=reply.text, reply_to_id=question.id,
+                         drew_on_memory=any(hit.chunk_id is not None for hit in hits))
         session.add(answer)
         conversation.last_activity_at = func.now()
         session.flush()

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import case, exists, func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
-from dashboard.orbitpilot.models import Conversation, Message, ProfileFact, ReplyRecall
+from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.sources import CHAT_HISTORY, PROFILE, Parts, Record, Source, Watch
 
 # What a reply that drew on memory is remembered as, in place of its text.
@@ -47,10 +47,9 @@ def extract_many_chat_pairs(session: Session, user_ids: list[int],
     if regenerated); one without a link answers the user turn right before it."""
     # A reply that drew on memory restates items that are remembered anyway: its pair is
     # remembered by the question alone, so forgetting an item leaves no copy here.
-    drew_on = exists().where(ReplyRecall.message_id == Message.id)
     query = (
         select(Message.user_id, Message.id, Message.conversation_id, Message.role,
-               case((drew_on, DREW_ON_MEMORY), else_=Message.content),
+               case((Message.drew_on_memory, DREW_ON_MEMORY), else_=Message.content),
                Message.not_remembered, Message.reply_to_id, Message.created_at)
         .where(Message.user_id.in_(user_ids))
         .order_by(Message.conversation_id, Message.position)

@@ -22,7 +22,13 @@ from sqlalchemy.orm import Session
 from dashboard.audit.services import Actor, changes, record_event
 from dashboard.auth.models import User
 from dashboard.connectors.models import ConnectorAccess
-from dashboard.holds import LegalHold, held_users, hold_condition, is_held
+from dashboard.holds import (
+    LegalHold,
+    held_users,
+    hold_condition,
+    is_held,
+    release_ended_versions,
+)
 from dashboard.memories.models import SCOPES, ForgetMarker, Memory
 from dashboard.memories.services import forget_memory
 from dashboard.memory import (
@@ -244,6 +250,7 @@ class RetentionRun:
     purged: int = 0
     held: int = 0  # purges turned into pending receipts by a legal hold
     completed: int = 0  # erasures completed after their hold ended
+    versions_released: int = 0  # texts kept by holds that reached their end, deleted
     builds_pruned: int = 0
     access_pruned: int = 0
     tombstones_pruned: int = 0
@@ -252,11 +259,13 @@ class RetentionRun:
     @property
     def did_anything(self) -> bool:
         return any((self.builds_requested, self.purged, self.held, self.completed,
-                    self.builds_pruned, self.access_pruned, self.tombstones_pruned))
+                    self.versions_released, self.builds_pruned, self.access_pruned,
+                    self.tombstones_pruned))
 
     def summary(self) -> dict[str, int]:
         return {"builds_requested": self.builds_requested, "purged": self.purged,
                 "held": self.held, "completed": self.completed,
+                "versions_released": self.versions_released,
                 "builds_pruned": self.builds_pruned, "access_pruned": self.access_pruned,
                 "tombstones_pruned": self.tombstones_pruned}
 
@@ -343,11 +352,13 @@ def apply_retention(session: Session, *, config: Mapping[str, Any] | None = None
                     now: datetime | None = None) -> RetentionRun:
     """One run over every plan: request the builds that age records out, purge the
     soft-deleted memories past their restore window (a held user's become pending
-    receipts), complete erasures whose hold ended, prune build records and access logs.
+    receipts), complete erasures whose hold ended and let go of the texts it kept, prune
+    build records and access logs.
     Commits per batch (the periodic task's session); one audit event with the counts."""
     now = now or datetime.now(UTC)
     run = RetentionRun()
     run.completed = complete_released(session, now=now)
+    run.versions_released = release_ended_versions(session, now=now)
     session.commit()
     for plan in session.scalars(select(Plan).order_by(Plan.id)).all():
         after = 0

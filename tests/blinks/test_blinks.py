@@ -212,7 +212,7 @@ def test_delete_asks_first_then_deletes_and_requests_a_build(client, db_session,
     settle(db_session)
     response = client.post(f"{DELETE}?id={blink.id}",
                            data={"csrf_token": csrf_from(client, INDEX)})
-    assert response.status_code == 302
+    assert response.status_code == 303
     assert fresh(db_session, blink.id) is None
     assert queued_triggers(db_session, user) == ["content_change"]
 

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
+from dashboard.blinks.services import update_blink
 from dashboard.exports import (
     JSON_NAME,
     REPORT_NAME,
@@ -29,6 +30,7 @@ from dashboard.exports import (
     tend_exports,
 )
 from dashboard.exports.services import export_call
+from dashboard.holds import place_hold
 from dashboard.memories import services as memories
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.refusals import TooSoon
@@ -50,9 +52,13 @@ SHIPPED_SCHEMA = Path(__file__).resolve().parents[2] / "dashboard/exports/schema
 def stuff(session, user, canary: str) -> dict[str, str]:
     """A canary in every kind of content the user has; by kind, the canary used."""
     marks = {kind: f"{canary}-{kind}" for kind in (
-        "profile", "blink", "memory", "version", "message", "document", "key", "reason")}
+        "profile", "blink", "memory", "version", "message", "document", "key", "reason",
+        "held")}
     session.add(ProfileFact(user_id=user.id, key="city", value=marks["profile"]))
-    make_blink(session, user, marks["blink"])
+    # Edited under a legal hold: the text it replaced is kept while the hold holds.
+    blink = make_blink(session, user, marks["held"])
+    place_hold(session, user.id, reason="matter", ends_at=None, actor=Actor("system"))
+    update_blink(session, blink, title="t", content=marks["blink"])
     memory = make_memory(session, user, marks["version"], metadata={"tag": marks["memory"]})
     memories.update_memory(session, memory, content=marks["memory"], actor=Actor.of(user))
     forgotten = make_memory(session, user, "to forget")
@@ -119,6 +125,7 @@ def test_every_canary_is_exactly_where_the_schema_says_and_nobody_elses_is_there
         "document": {"documents.content"},  # documents are not remembered on this plan
         "key": {"api_keys.name"},
         "reason": {"erasure_receipts.reason"},
+        "held": {"held_versions.content"},
     }
     assert {kind: places(mine[kind]) for kind in expected} == expected
     assert document["user"]["email"] == me.email

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import create_engine, delete, select, text
@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.database import VACUUMED_TABLES, app_role_for, grant_app_privileges
+from dashboard.exports import DataExport, DataExportPart
 from dashboard.extensions import db
 from dashboard.leases import MaintenanceLease
 from dashboard.memories import erasure
@@ -30,9 +31,11 @@ from dashboard.memories.erasure import VacuumResult, vacuum_after_erasures
 from dashboard.memories.models import ForgetMarker, Memory
 from dashboard.memories.services import find_receipt, forget_memory, save_memory, update_memory
 from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryChunk
+from dashboard.orbitpilot.models import ReplyRecall
 from dashboard.queues import build_queue
 from dashboard.sources import SAVED
 from jobs.periodic import PERIODIC_TASKS, run_due_tasks
+from tests.factories import make_conversation
 
 SCOPES = ["memory:delete", "memory:redact", "memory:hard_delete"]
 CONTENT = "the orchard gate code is 4412"
@@ -65,7 +68,9 @@ def own_session() -> Iterator[Session]:
 
 
 def remembered(owner_id: int) -> str:
-    """A committed memory with an earlier version (holding content) and two chunks."""
+    """A committed memory with an earlier version (holding content) and two chunks, a chat
+    reply that quoted it (with its "Drew on" record) and a ready export holding it: an
+    erasure rewrites the reply and deletes the export's piece, leaving dead rows there too."""
     with own_session() as session:
         owner = session.get(User, owner_id)
         actor = Actor.of(owner)
@@ -76,6 +81,16 @@ def remembered(owner_id: int) -> str:
                                     chunk_index=index, content_hash=uuid.uuid4().hex,
                                     content=CONTENT, embedding=[0.01] * EMBEDDING_DIMENSIONS,
                                     embedding_model="test"))
+        _, (_, reply) = make_conversation(session, owner, [("gate?", f"“{CONTENT}”")])
+        session.flush()
+        session.add(ReplyRecall(message_id=reply.id, user_id=owner_id, rank=0,
+                                source_key=SAVED, source_id=str(memory.id), chunk_id=0,
+                                distance=0.1))
+        export = DataExport(user_id=owner_id, status="ready", finished_at=datetime.now(UTC),
+                            expires_at=datetime.now(UTC) + timedelta(hours=1))
+        session.add(export)
+        session.flush()
+        session.add(DataExportPart(export_id=export.id, seq=0, data=CONTENT.encode()))
         session.flush()
         return str(memory.id)
 
@@ -154,7 +169,8 @@ def test_redactions_and_hard_deletes_are_stamped_and_their_dead_rows_are_gone(ap
     markers = {mode: forget(owner, memory_id, mode) for mode, memory_id in
                (("redact", redacted), ("hard_delete", deleted), ("soft_delete", soft))}
     before = table_stats()
-    # The forgets left dead row versions in every memory table: old content, until VACUUM.
+    # The forgets left dead row versions in every memory table and where they reached
+    # copies (a reply rewritten, an export's piece deleted): old content, until VACUUM.
     assert all(before[table].dead > 0 for table in VACUUMED_TABLES)
 
     at = datetime(2031, 5, 4, 3, 2, 1, tzinfo=UTC)
@@ -318,7 +334,7 @@ def test_a_refused_vacuum_stamps_nothing_and_says_why_by_kind(app, owner, caplog
         owner.dispose()
 
     assert (result.vacuumed, result.refused, result.stamped) == \
-        (("memories", "memory_versions"), ("memory_chunks",), 0)
+        (("memories", "memory_versions", "messages", "data_export_parts"), ("memory_chunks",), 0)
     assert vacuumed_at(marker) is None
     warnings = [r.getMessage() for r in caplog.records if r.name == "dashboard.memories.erasure"]
     assert warnings == ["erasure vacuum: VACUUM did not run on memory_chunks (the app role "
@@ -394,4 +410,5 @@ def test_the_command_vacuums_now_and_prints_counts(app, owner):
 
     assert result.exit_code == 0
     assert result.output == ("1 erasure(s) waited for a VACUUM: 1 stamped, 0 still waiting; "
-                             "vacuumed memories, memory_versions, memory_chunks.\n")
+                             "vacuumed memories, memory_versions, memory_chunks, messages, "
+                             "data_export_parts.\n")

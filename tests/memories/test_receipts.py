@@ -29,7 +29,13 @@ def test_every_forget_probes_after_the_delete_and_finds_nothing(db_session, reme
                             scopes=["memory:delete", "memory:redact", "memory:hard_delete"])
     assert receipt.removed_chunks >= 1  # there was something to remove
     assert receipt.probe_rows == 0 and receipt.probed_at is not None
-    assert receipt.to_dict()["probe"] == {"at": receipt.probed_at.isoformat(), "rows": 0}
+    # A soft delete keeps the content (restorable): only the chunks are searched. An
+    # erasure also searches the copies the product made (dashboard.copies).
+    searched = ["chunks"] if mode == "soft_delete" else \
+        ["chunks", "replies", "drew_on", "exports", "export_parts"]
+    assert receipt.to_dict()["probe"] == {"at": receipt.probed_at.isoformat(), "rows": 0,
+                                          "searched": searched,
+                                          "found": dict.fromkeys(searched, 0)}
 
 
 def test_the_probe_counts_what_a_faulty_delete_left(db_session, remembered, monkeypatch):
@@ -55,8 +61,9 @@ def test_the_receipt_page_shows_the_probe_and_the_backup_horizon(
     auth.login(owner.email)
     path = f"/memories/receipts/{receipt.marker_id}"
     page = client.get(path).get_data(as_text=True)
-    assert 'data-probe-rows="0"' in page
-    assert "an exact search of your memory for this item found nothing" in page
+    assert 'data-probe-rows="0"' in page and 'data-found="0"' in page
+    assert "found nothing:" in page
+    assert "0 chunks of it in your memory" in page
     binding = app.extensions.get("orbitpilot.embedded")
     expected = "No backups: the embedded database keeps no copies." \
         if binding is not None and binding.postgres else "Not stated: this server"

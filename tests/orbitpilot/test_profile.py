@@ -163,7 +163,7 @@ def test_deleting_a_fact_requests_a_build(client, db_session, user):
     fact = fact_of(db_session, user)
     settle(db_session)
     response = client.post(f"{DELETE}?id={fact.id}", data={"csrf_token": csrf_from(client, INDEX)})
-    assert response.status_code == 302
+    assert response.status_code == 303
     assert facts(db_session, user) == {}
     assert queued_triggers(db_session, user) == ["content_change"]
 

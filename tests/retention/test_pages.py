@@ -167,6 +167,7 @@ def test_memory_status_tells_the_window_what_ages_out_soon_and_the_hold(client, 
                actor=Actor.of(make_user(db_session, role="admin")))
     held = client.get("/memory/status").get_data(as_text=True)
     assert 'id="legal-hold"' in held and "Your account is under a legal hold" in held
+    assert "the text it replaces is kept (it is in your export)" in held
     assert 'id="purge-soon"' not in held  # nothing is purged while it holds
 
 
