@@ -6,6 +6,8 @@ them to Authlib's request handling and to Flask."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -41,6 +43,19 @@ class InvalidTargetError(OAuth2Error):
     """RFC 8707: the resource asked for is not one this server issues tokens for."""
 
     error = "invalid_target"
+
+
+class UnsupportedResponseType(OAuth2Error):
+    """Only the authorization code flow is served (OAuth 2.1)."""
+
+    error = "unsupported_response_type"
+
+
+def description(sentence: str) -> str:
+    """A sentence as an OAuth error_description may hold it (RFC 6749: printable ASCII
+    without a double quote or a backslash)."""
+    text = sentence.replace("\u2014", "-").replace("\u2019", "'").replace('"', "'")
+    return "".join(c if " " <= c <= "~" and c != "\\" else "?" for c in text)
 
 
 # -- where things are -----------------------------------------------------------------------
@@ -116,7 +131,66 @@ def query_client(client_id: str) -> OAuthClient | None:
         return services.client_from_document(db.session, client_id, document)
     except (DocumentRefused, services.ConnectorError) as exc:
         log.info("client metadata document refused: %s", type(exc).__name__)
-        raise InvalidClientError(description=exc.sentence) from None
+        raise InvalidClientError(description=description(exc.sentence)) from None
+
+
+# -- what a request may hold ----------------------------------------------------------------
+
+MAX_PARAMETER = 2048
+AUTHORIZE_PARAMETERS = ("response_type", "client_id", "redirect_uri", "scope", "state",
+                        "code_challenge", "code_challenge_method", "resource")
+
+
+def _printable(value: str) -> bool:
+    return all(" " <= c <= "~" for c in value)
+
+
+def _check_values(values: Any, names: Any) -> None:
+    for name in names:
+        found = values.getlist(name)
+        if len(found) > 1:
+            raise InvalidRequestError(f"Send {description(name)[:40]} once.")
+        if found and len(found[0]) > MAX_PARAMETER:
+            raise InvalidRequestError(f"{description(name)[:40]} is longer than "
+                                      f"{MAX_PARAMETER} characters.")
+        if found and not _printable(found[0]):
+            raise InvalidRequestError(f"{description(name)[:40]} must be printable ASCII "
+                                      "(percent-encode anything else).")
+
+
+def check_authorize_request() -> None:
+    """An authorization request's parameters: each once, printable ASCII (RFC 6749,
+    appendix A), of a sane length. Refused on this server's own page."""
+    _check_values(request.args, AUTHORIZE_PARAMETERS)
+
+
+def check_client_request() -> None:
+    """A request to the token or revocation endpoint, as RFC 6749 has it: parameters
+    form-encoded in the body (never the URL), each once, printable ASCII; HTTP Basic
+    credentials, if any, that decode."""
+    if request.args:
+        raise InvalidRequestError("Send the parameters in the request body, not the URL.")
+    if request.mimetype != "application/x-www-form-urlencoded":
+        raise InvalidRequestError("Send the parameters form-encoded "
+                                  "(application/x-www-form-urlencoded).")
+    if not all(_printable(name) for name in request.form):
+        raise InvalidRequestError("Parameter names are printable ASCII.")
+    _check_values(request.form, list(request.form.keys()))
+    header = request.headers.get("Authorization")
+    if header is not None:
+        scheme, _, credentials = header.strip().partition(" ")
+        if scheme.lower() == "basic" and not _basic_credentials(credentials.strip()):
+            raise InvalidClientError(status_code=401, description=(
+                "The Authorization header holds no HTTP Basic credentials "
+                "(base64 of client_id:client_secret)."))
+
+
+def _basic_credentials(credentials: str) -> bool:
+    try:
+        decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return False
+    return ":" in decoded and _printable(decoded)
 
 
 def _resource_asked() -> str:
@@ -162,6 +236,23 @@ class Consented:
 
 class CodeGrant(grants.AuthorizationCodeGrant):
     TOKEN_ENDPOINT_AUTH_METHODS = AUTH_METHODS
+
+    @staticmethod
+    def validate_authorization_redirect_uri(request: Any, client: OAuthClient) -> str:
+        # Authlib's own quotes the URI as it came, which fails on characters an error
+        # may not hold (a 500): this quotes it made safe.
+        asked = request.payload.redirect_uri
+        if asked:
+            if not client.check_redirect_uri(asked):
+                raise InvalidRequestError(description(
+                    f"The redirect URI {asked[:200]} is not one the app registered."),
+                    state=request.payload.state)
+            return asked
+        default = client.get_default_redirect_uri()
+        if not default:
+            raise InvalidRequestError("The app registered several redirect URIs: name one "
+                                      "(redirect_uri).", state=request.payload.state)
+        return default
 
     def validate_authorization_request(self) -> str:
         redirect_uri = super().validate_authorization_request()
@@ -215,8 +306,23 @@ class RefreshGrant(grants.RefreshTokenGrant):
         pass  # spent by save_token, with the new pair stored in the same flush
 
 
+class UnsupportedTokenType(OAuth2Error):
+    """RFC 7009: a token_type_hint this server does not know (a 400, as RFC 6749 has
+    every error but invalid_client; Authlib's own answers 401)."""
+
+    error = "unsupported_token_type"
+
+
 class Revocation(RevocationEndpoint):
     CLIENT_AUTH_METHODS = AUTH_METHODS
+
+    def check_params(self, request: Any, client: OAuthClient) -> None:
+        if not request.form.get("token"):
+            raise InvalidRequestError("Send the token to revoke.")
+        hint = request.form.get("token_type_hint")
+        if hint and hint not in self.SUPPORTED_TOKEN_TYPES:
+            raise UnsupportedTokenType(description="token_type_hint is access_token or "
+                                                   "refresh_token.")
 
     def query_token(self, token_string: str, token_type_hint: str | None) -> OAuthToken | None:
         return services.find_token(db.session, token_string)
@@ -259,7 +365,7 @@ def register(metadata: Any) -> tuple[int, dict[str, Any]]:
     except services.ConnectorError as exc:
         error = InvalidRedirectURIError if exc.field == "redirect_uris" \
             else InvalidClientMetadataError
-        return 400, dict(error(description=exc.sentence).get_body())
+        return 400, dict(error(description=description(exc.sentence)).get_body())
     body = {"client_id": client.client_id, "client_id_issued_at": int(client.created_at
                                                                      .timestamp()),
             "client_name": client.name, "redirect_uris": client.redirect_uris,
@@ -272,8 +378,24 @@ def register(metadata: Any) -> tuple[int, dict[str, Any]]:
     return 201, body
 
 
+class Server(AuthorizationServer):
+    def get_authorization_grant(self, request: Any) -> Any:
+        # Authlib's own quotes the response_type in the error, which fails on characters
+        # an error may not hold (a 500); and only "code" is served here.
+        if request.payload.response_type == "code":
+            return super().get_authorization_grant(request)
+        redirect_uri = None
+        client = self.query_client(request.payload.client_id)
+        if client is not None:
+            asked = request.payload.redirect_uri
+            redirect_uri = (asked if client.check_redirect_uri(asked) else None) if asked \
+                else client.get_default_redirect_uri()
+        raise UnsupportedResponseType(description="Only response_type code is supported.",
+                                      redirect_uri=redirect_uri)
+
+
 def create_server(app: Flask) -> AuthorizationServer:
-    server = AuthorizationServer(app, query_client=query_client, save_token=save_token)
+    server = Server(app, query_client=query_client, save_token=save_token)
     server.register_token_generator(
         "default", BearerTokenGenerator(_access_token, _refresh_token, _expires_in))
     server.scopes_supported = list(SCOPES)

@@ -27,6 +27,7 @@ from dashboard.connectors.models import (
     OAuthGrant,
     OAuthToken,
 )
+from dashboard.connectors.uris import BadURI, origin, split_canonical
 from dashboard.memories.models import SCOPES
 from dashboard.refusals import Forbidden, NotFound, Refusal
 
@@ -98,20 +99,34 @@ def _is_loopback(host: str | None) -> bool:
 
 def check_redirect_uri(uri: object) -> str:
     """An absolute https URI, or http on this machine (a desktop client's loopback
-    listener), or a private scheme (``vscode://…``, a native app); no fragment."""
-    if not isinstance(uri, str) or not 1 <= len(uri) <= 2000 or any(c.isspace() for c in uri):
+    listener), or a private scheme (``vscode://…``, a native app); no fragment; in the
+    canonical form ``uris`` describes (what is compared is where a browser goes)."""
+    if not isinstance(uri, str) or not 1 <= len(uri) <= 2000:
         raise ConnectorError("Each redirect URI must be an absolute URI.", "redirect_uris")
-    parts = urlsplit(uri)
-    if parts.fragment or not parts.scheme:
+    try:
+        parts = split_canonical(uri)
+    except BadURI as exc:
+        raise ConnectorError(f"Redirect URIs: {exc.sentence}", "redirect_uris") from None
+    if parts.fragment or "#" in uri:
         raise ConnectorError("A redirect URI has a scheme and no fragment.", "redirect_uris")
+    if parts.scheme in ("javascript", "data", "file", "blob", "about", "vbscript"):
+        raise ConnectorError("That scheme cannot be a redirect URI.", "redirect_uris")
+    if parts.scheme in ("http", "https") and (not parts.hostname
+                                              or not uri.startswith(parts.scheme + "://")):
+        raise ConnectorError("A web redirect URI names a host.", "redirect_uris")
     if parts.scheme == "http" and not _is_loopback(parts.hostname):
         raise ConnectorError("A redirect URI over plain http must be on localhost.",
                              "redirect_uris")
-    if parts.scheme in ("http", "https") and not parts.hostname:
-        raise ConnectorError("A web redirect URI names a host.", "redirect_uris")
-    if parts.scheme in ("javascript", "data", "file"):
-        raise ConnectorError("That scheme cannot be a redirect URI.", "redirect_uris")
     return uri
+
+
+def redirect_verified(client: OAuthClient, redirect_uri: str) -> bool:
+    """Whether an error may be sent to this redirect URI without asking the person: only
+    a metadata-document client's, and only one on the client_id's own origin (whoever
+    serves the document there answers for both). A self-registered client chose its URIs
+    itself (anyone can register one pointing anywhere), and a document may name any host."""
+    return client.kind == "document" and origin(redirect_uri) is not None \
+        and origin(redirect_uri) == origin(client.client_id)
 
 
 def _texts(value: object, field: str, allowed: Iterable[str] | None = None,
