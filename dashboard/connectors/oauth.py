@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,14 +25,23 @@ from authlib.oauth2.rfc6750 import BearerTokenGenerator
 from authlib.oauth2.rfc7009 import RevocationEndpoint
 from authlib.oauth2.rfc7591 import InvalidClientMetadataError, InvalidRedirectURIError
 from authlib.oauth2.rfc7636 import CodeChallenge
-from flask import Flask, current_app, has_request_context, request
+from flask import Flask, current_app, g, has_request_context, request
+from flask_limiter.util import get_remote_address
+from limits import parse_many
 
 from dashboard.auth.models import User
 from dashboard.connectors import services
-from dashboard.connectors.documents import DocumentRefused, Fetcher, is_document_client_id
+from dashboard.connectors.documents import (
+    DocumentRefused,
+    Fetcher,
+    FetchesBusy,
+    FetchPool,
+    is_document_client_id,
+)
 from dashboard.connectors.models import OAuthClient, OAuthCode, OAuthGrant, OAuthToken
 from dashboard.extensions import db
 from dashboard.memories.models import SCOPES
+from dashboard.security import get_limiter
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +59,25 @@ class UnsupportedResponseType(OAuth2Error):
     """Only the authorization code flow is served (OAuth 2.1)."""
 
     error = "unsupported_response_type"
+
+
+class TemporarilyUnavailableError(OAuth2Error):
+    """RFC 6749: busy now (every client-metadata fetch is under way); try again soon."""
+
+    error = "temporarily_unavailable"
+    status_code = 503
+
+
+class TooManyClientsError(OAuth2Error):
+    """More new clients from this address than OAUTH_REGISTER_LIMIT allows."""
+
+    error = "temporarily_unavailable"
+    status_code = 429
+
+    def __init__(self, wait: int, **kwargs: Any) -> None:
+        super().__init__(description="Too many new apps were connected from this address. "
+                                     f"Try again in {wait} seconds.", **kwargs)
+        self.wait = wait
 
 
 def description(sentence: str) -> str:
@@ -113,25 +142,85 @@ def lifetimes() -> services.Lifetimes:
 def fetcher() -> Fetcher:
     config = current_app.config
     return Fetcher(ca_file=config.get("OAUTH_CLIENT_METADATA_CA") or None,
-                   allow_private=bool(config.get("OAUTH_CLIENT_METADATA_ALLOW_PRIVATE")))
+                   allow_private=bool(config.get("OAUTH_CLIENT_METADATA_ALLOW_PRIVATE")),
+                   timeout=float(config.get("OAUTH_CLIENT_METADATA_TIMEOUT", 5)))
+
+
+def fetch_pool(app: Flask | None = None) -> FetchPool:
+    return (app or current_app).extensions["orbitpilot.client_metadata"]
 
 
 def query_client(client_id: str) -> OAuthClient | None:
-    """A registered client, or one identified by its metadata document's URL (fetched
-    when first seen and again once the copy is older than OAUTH_CLIENT_METADATA_SECONDS)."""
-    client = services.find_client(db.session, client_id)
-    if not is_document_client_id(client_id):
-        return client
+    """A client as stored (a metadata document's copy whatever its age), or the one this
+    authorization request read from its document (``prepare_client``). Never a fetch:
+    the token and revocation endpoints, which anyone may call, must not make this
+    server wait on someone else's (a client whose document was never read at the
+    consent page holds no code or token anyway)."""
+    prepared = g.get("oauth_client") if has_request_context() else None
+    if prepared is not None and prepared.client_id == client_id:
+        return prepared
+    return services.find_client(db.session, client_id)
+
+
+def _stale(client: OAuthClient) -> bool:
     ttl = timedelta(seconds=int(current_app.config.get("OAUTH_CLIENT_METADATA_SECONDS", 3600)))
-    if client is not None and client.fetched_at and \
-            datetime.now(UTC) - client.fetched_at < ttl:
-        return client
+    return client.fetched_at is None or datetime.now(UTC) - client.fetched_at >= ttl
+
+
+def prepare_client(*, store: bool) -> None:
+    """For the consent page (a signed-in person): the client an authorization request
+    names by its metadata document's URL, read again if new or older than
+    OAUTH_CLIENT_METADATA_SECONDS, on the fetch pool. The answer (``store``: a POST)
+    stores it; the page (a GET) only shows it. A new one counts against the
+    registration limit, as a registration does."""
+    client_id = request.args.get("client_id")
+    if not is_document_client_id(client_id):
+        return
+    stored = services.find_client(db.session, client_id)
+    if stored is not None and stored.kind != "document":
+        return
+    if stored is not None and not _stale(stored):
+        return
+    if stored is None:
+        wait = registration_wait(count=store)
+        if wait is not None:
+            raise TooManyClientsError(wait)
     try:
-        document = fetcher().fetch(client_id)
-        return services.client_from_document(db.session, client_id, document)
+        document = fetch_pool().fetch(fetcher(), client_id)
+        if store:
+            g.oauth_client = services.save_document_client(db.session, client_id, document)
+        else:
+            g.oauth_client = services.unsaved_document_client(client_id, document, stored)
+    except FetchesBusy as exc:
+        raise TemporarilyUnavailableError(description=description(exc.sentence)) from None
     except (DocumentRefused, services.ConnectorError) as exc:
         log.info("client metadata document refused: %s", type(exc).__name__)
         raise InvalidClientError(description=description(exc.sentence)) from None
+
+
+REGISTRATIONS = "oauth-registrations"
+
+
+def registration_wait(*, count: bool) -> int | None:
+    """Seconds until this client address may add a client again (OAUTH_REGISTER_LIMIT),
+    or ``None``: it may now (and, with ``count``, this one is counted). Registrations
+    and new metadata-document clients share the count. The limiter's store down: let
+    through, as the limiter is configured to."""
+    limiter = get_limiter()
+    if not limiter.enabled:
+        return None
+    strategy = limiter.limiter
+    who = get_remote_address()
+    try:
+        for item in parse_many(current_app.config["OAUTH_REGISTER_LIMIT"]):
+            allowed = strategy.hit(item, REGISTRATIONS, who) if count \
+                else strategy.test(item, REGISTRATIONS, who)
+            if not allowed:
+                reset = strategy.get_window_stats(item, REGISTRATIONS, who).reset_time
+                return max(1, int(reset - time.time()))
+    except Exception as exc:  # the store is unreachable: no count, no refusal
+        log.warning("registration limit not checked: %s", type(exc).__name__)
+    return None
 
 
 # -- what a request may hold ----------------------------------------------------------------
@@ -395,6 +484,8 @@ class Server(AuthorizationServer):
 
 
 def create_server(app: Flask) -> AuthorizationServer:
+    app.extensions["orbitpilot.client_metadata"] = FetchPool(
+        int(app.config.get("OAUTH_CLIENT_METADATA_FETCHES", 2)))
     server = Server(app, query_client=query_client, save_token=save_token)
     server.register_token_generator(
         "default", BearerTokenGenerator(_access_token, _refresh_token, _expires_in))

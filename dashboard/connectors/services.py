@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from dashboard.audit.services import SYSTEM, Actor, record_event
@@ -218,10 +219,9 @@ def find_client(session: Session, client_id: object) -> OAuthClient | None:
     return session.scalars(select(OAuthClient).where(OAuthClient.client_id == client_id)).first()
 
 
-def client_from_document(session: Session, url: str, document: Mapping[str, Any], *,
-                         now: datetime | None = None) -> OAuthClient:
-    """The client a metadata document (fetched from ``url``, its client_id) describes,
-    stored or refreshed: its name and redirect URIs are what the document says now."""
+def document_fields(url: str, document: Mapping[str, Any]) -> ClientFields:
+    """The client a metadata document fetched from ``url`` (its client_id) describes,
+    checked: a public client naming itself by that URL."""
     if document.get("client_id") != url:
         raise ConnectorError("The client metadata document names another client_id.",
                              "client_id")
@@ -229,18 +229,44 @@ def client_from_document(session: Session, url: str, document: Mapping[str, Any]
     if fields.auth_method != "none":
         raise ConnectorError("A client identified by a metadata document is a public "
                              "client (token_endpoint_auth_method none).", "client_id")
-    client = find_client(session, url)
-    if client is None:
-        client = OAuthClient(client_id=url, kind="document")
-        session.add(client)
-    client.name, client.redirect_uris = fields.name, fields.redirect_uris
-    client.client_uri, client.scope = fields.client_uri, fields.scope
-    client.grant_types = fields.grant_types or ["authorization_code"]
-    client.response_types = fields.response_types
-    client.token_endpoint_auth_method, client.client_secret_hash = "none", None
-    client.attribution = attribution_of(fields.name, url)
-    client.fetched_at = _now(now)
-    session.flush()
+    return fields
+
+
+def _document_values(url: str, fields: ClientFields, now: datetime) -> dict[str, Any]:
+    return {"name": fields.name, "redirect_uris": fields.redirect_uris,
+            "client_uri": fields.client_uri, "scope": fields.scope,
+            "grant_types": fields.grant_types or ["authorization_code"],
+            "response_types": fields.response_types, "token_endpoint_auth_method": "none",
+            "client_secret_hash": None, "attribution": attribution_of(fields.name, url),
+            "fetched_at": now}
+
+
+def unsaved_document_client(url: str, document: Mapping[str, Any],
+                            stored: OAuthClient | None = None, *,
+                            now: datetime | None = None) -> OAuthClient:
+    """The client as the document says now, not stored (a consent page, which a GET
+    shows, writes nothing); with the stored one's id, if there is one."""
+    values = _document_values(url, document_fields(url, document), _now(now))
+    return OAuthClient(id=stored.id if stored is not None else None, client_id=url,
+                       kind="document", **values)
+
+
+def save_document_client(session: Session, url: str, document: Mapping[str, Any], *,
+                         now: datetime | None = None) -> OAuthClient:
+    """The client a metadata document describes, stored or refreshed in one statement
+    (two answers at once for a new app store one row): its name and redirect URIs are
+    what the document says now."""
+    values = _document_values(url, document_fields(url, document), _now(now))
+    statement = pg_insert(OAuthClient).values(client_id=url, kind="document", **values)
+    statement = statement.on_conflict_do_update(
+        index_elements=[OAuthClient.client_id],
+        set_={key: statement.excluded[key] for key in values},
+        where=OAuthClient.kind == "document")
+    client_pk = session.execute(statement.returning(OAuthClient.id)).scalar()
+    if client_pk is None:  # the client_id is a registered client's: never rewritten
+        raise ConnectorError("That client_id belongs to another client.", "client_id")
+    client = session.get(OAuthClient, client_pk, populate_existing=True)
+    assert client is not None
     return client
 
 

@@ -28,6 +28,7 @@ from flask_login import current_user, login_required
 
 from dashboard.audit.services import Actor
 from dashboard.connectors import oauth, services, uris
+from dashboard.errors import TOO_MANY, oauth_error, wait_words
 from dashboard.extensions import csrf, db
 from dashboard.security import content_security_policy, csp_nonce, get_limiter
 
@@ -42,15 +43,14 @@ def init_oauth(app: Flask) -> None:
 
 
 def limit_oauth(app: Flask) -> None:
-    """Per client address: the token and revocation endpoints, and registrations (after
-    ``init_security``, which makes the limiter)."""
+    """Per client address: the token and revocation endpoints (after ``init_security``,
+    which makes the limiter). Registrations are counted by ``oauth.registration_wait``,
+    with the new metadata-document clients a consent stores."""
     limiter = get_limiter(app)
-    for endpoint, setting in (("connectors.token", "OAUTH_RATE_LIMIT"),
-                              ("connectors.revoke_token", "OAUTH_RATE_LIMIT"),
-                              ("connectors.register", "OAUTH_REGISTER_LIMIT")):
+    for endpoint in ("connectors.token", "connectors.revoke_token"):
         view = app.view_functions[endpoint]
         app.view_functions[endpoint] = limiter.limit(
-            lambda setting=setting: app.config[setting], key_func=get_remote_address,
+            lambda: app.config["OAUTH_RATE_LIMIT"], key_func=get_remote_address,
             scope=endpoint)(view)
 
 
@@ -134,7 +134,12 @@ def token():
 
 @bp.post("/oauth/register")
 def register():
-    """Dynamic client registration (RFC 7591)."""
+    """Dynamic client registration (RFC 7591), counted per client address."""
+    wait = oauth.registration_wait(count=True)
+    if wait is not None:
+        response = oauth_error(429, TOO_MANY.format(wait=wait_words(wait)))
+        response.headers["Retry-After"] = str(wait)
+        return response
     status, body = oauth.register(request.get_json(silent=True))
     if status == 201:
         db.session.commit()
@@ -215,6 +220,7 @@ def authorize():
     posting = request.method == "POST"  # GET and HEAD show; only a POST changes
     try:
         oauth.check_authorize_request()
+        oauth.prepare_client(store=posting)
         grant = server.get_consent_grant(end_user=current_user)
     except OAuth2Error as error:
         return _authorize_error(error)
