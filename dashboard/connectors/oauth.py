@@ -10,7 +10,7 @@ import base64
 import binascii
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -128,7 +128,9 @@ def protected_resource_metadata() -> dict[str, Any]:
         "resource": mcp_resource(),
         "resource_name": RESOURCE_NAME,
         "authorization_servers": [public_base()],
-        "scopes_supported": list(SCOPES),
+        # The everyday scopes only: clients ask for what is advertised here by default,
+        # and a person may tick more on the consent page.
+        "scopes_supported": list(services.EVERYDAY_SCOPES),
         "bearer_methods_supported": ["header"],
     }
 
@@ -313,10 +315,12 @@ class S256Only(CodeChallenge):
 
 @dataclass(frozen=True)
 class Consented:
-    """The signed-in user's allow, with the connection it made."""
+    """The signed-in user's allow, with the connection it made and the scopes the code
+    carries (what they ticked)."""
 
     user: User
     grant: OAuthGrant
+    scopes: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> int:
@@ -359,7 +363,7 @@ class CodeGrant(grants.AuthorizationCodeGrant):
         consented: Consented = request.user
         services.issue_code(
             db.session, consented.grant, code, redirect_uri=request.payload.redirect_uri
-            or request.client.get_default_redirect_uri(), scopes=request.scope.split(),
+            or request.client.get_default_redirect_uri(), scopes=consented.scopes,
             challenge=request.payload.data["code_challenge"], method="S256",
             lifetimes=lifetimes())
 

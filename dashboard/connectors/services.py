@@ -42,6 +42,17 @@ SCOPE_WORDS = {
     "memory:redact": "redact memories — this can't be undone: the words are gone",
     "memory:hard_delete": "erase memories for good — this can't be undone",
 }
+# What an app is given unless a person ticks more (RFC 9728 metadata names only these, so
+# clients stop asking for everything): reading and saving.
+EVERYDAY_SCOPES = ("memory:read", "memory:write")
+# Said under a box the app asked for whose effect cannot be taken back lightly.
+SCOPE_WARNINGS = {
+    "memory:delete": "The app asked to delete memories. You can restore a deleted memory "
+                     "for a while; tick this only if you want the app to delete.",
+    "memory:redact": "The app asked to redact memories. Redacting removes the words for "
+                     "good and cannot be undone; tick this only if you want the app to do "
+                     "that.",
+}
 GRANT_TYPES = ("authorization_code", "refresh_token")
 AUTH_METHODS = ("none", "client_secret_post", "client_secret_basic")
 # Who a memory saved through an app names as its source, by the app's name or host.
@@ -290,6 +301,41 @@ def grantable(scopes: Iterable[str], existing: OAuthGrant | None = None) -> list
     return [s for s in SCOPES if s in scopes and (s != HARD_DELETE or s in kept)]
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One box on the consent page: a scope a person may grant, ticked or not, and
+    what it means when it cannot be taken back lightly."""
+
+    scope: str
+    ticked: bool
+    warning: str | None = None
+
+
+def consent_choices(asked: Iterable[str]) -> list[Choice]:
+    """What the consent page offers: a box for every scope a person may grant, ticked
+    when the app asked for it (reading and saving, by default: the RFC 9728 metadata
+    names only those). Deleting and redacting, when asked for, come with a warning; not
+    asked for, they stay unticked, for a person who wants to give them anyway."""
+    asked = set(asked)
+    return [Choice(scope, scope in asked, SCOPE_WARNINGS[scope]
+                   if scope in asked and scope in SCOPE_WARNINGS else None)
+            for scope in USER_SCOPES]
+
+
+def ticked_scopes(values: Iterable[object]) -> list[str]:
+    """The scopes a consent form's boxes name, in SCOPES order: only those a person may
+    grant (anything else a form could be made to send is dropped)."""
+    named = {value for value in values if isinstance(value, str)}
+    return [scope for scope in USER_SCOPES if scope in named]
+
+
+def code_scopes(asked: Iterable[str], ticked: Iterable[str]) -> list[str]:
+    """What a code (and the tokens it buys) carries: what the person ticked, and the
+    elevated scope if the app asked for it (it applies once an admin grants it)."""
+    asked, ticked = set(asked), set(ticked)
+    return [s for s in SCOPES if s in ticked or (s == HARD_DELETE and s in asked)]
+
+
 def live_grant(session: Session, user_id: int, client: OAuthClient,
                resource: str) -> OAuthGrant | None:
     return session.scalars(select(OAuthGrant).where(
@@ -297,26 +343,46 @@ def live_grant(session: Session, user_id: int, client: OAuthClient,
         OAuthGrant.resource == resource, OAuthGrant.revoked_at.is_(None))).first()
 
 
+def _live_grant_locked(session: Session, user_id: int, client: OAuthClient,
+                       resource: str) -> OAuthGrant:
+    """The live connection, made if there is none, locked. One statement makes it: of
+    two answers at once (a double-clicked Allow) the second waits for the first and
+    takes its row, never a second one (nor a unique-index error)."""
+    session.execute(pg_insert(OAuthGrant).values(
+        user_id=user_id, client_pk=client.id, resource=resource, scopes=[], calls=0,
+    ).on_conflict_do_nothing(index_elements=["user_id", "client_pk", "resource"],
+                             index_where=OAuthGrant.revoked_at.is_(None)))
+    return session.scalars(select(OAuthGrant).where(
+        OAuthGrant.user_id == user_id, OAuthGrant.client_pk == client.id,
+        OAuthGrant.resource == resource, OAuthGrant.revoked_at.is_(None))
+        .with_for_update().execution_options(populate_existing=True)).one()
+
+
 def consent(session: Session, *, user: User, client: OAuthClient, scopes: list[str],
-            resource: str, allowed: bool) -> OAuthGrant | None:
-    """The user's answer. Allowed: the live connection with these scopes (made, or
-    updated), audited; denied: audited, nothing else."""
+            resource: str, allowed: bool, asked: list[str] | None = None
+            ) -> OAuthGrant | None:
+    """The user's answer: ``scopes`` are what they ticked, ``asked`` what the app asked
+    for (the same, unless given). Allowed: the live connection with the ticked scopes
+    (made, or updated), audited with both; denied: audited, nothing else."""
     actor = Actor.of(user)
+    asked = list(scopes if asked is None else asked)
     if not allowed:
         record_event(session, action="oauth.deny", actor=actor, owner_id=user.id,
                      target_type="oauth_client", target_id=client.id,
-                     details={"scopes": scopes})
+                     details={"scopes": asked})
         return None
-    grant = live_grant(session, user.id, client, resource)
-    if grant is None:
-        grant = OAuthGrant(user_id=user.id, client_pk=client.id, resource=resource, scopes=[])
-        session.add(grant)
+    ticked = ticked_scopes(scopes)
+    if not ticked:
+        raise ConnectorError("Tick at least one thing the app may do, or choose Deny.",
+                             "scope")
+    grant = _live_grant_locked(session, user.id, client, resource)
     before = list(grant.scopes)
-    grant.scopes = grantable(set(scopes) | ({HARD_DELETE} & set(before)), grant)
+    grant.scopes = grantable(set(ticked) | ({HARD_DELETE} & set(before)), grant)
     session.flush()
     record_event(session, action="oauth.grant", actor=actor, owner_id=user.id,
                  target_type="oauth_grant", target_id=grant.id,
-                 details={"client": client.id, "scopes": grant.scopes, "before": before})
+                 details={"client": client.id, "asked": asked, "ticked": ticked,
+                          "scopes": grant.scopes, "before": before})
     return grant
 
 

@@ -196,14 +196,17 @@ def form_source(uri: str) -> tuple[str, ...]:
         and not any(c in source for c in " ;,'\"") else ()
 
 
-def _consent_page(grant: Any, client: Any, scopes: list[str], resource: str):
+def _consent_page(grant: Any, client: Any, asked: list[str], resource: str, *,
+                  error: str | None = None, status: int = 200):
     existing = services.live_grant(db.session, current_user.id, client, resource) \
         if client.id is not None else None
+    kept = services.HARD_DELETE in services.grantable(asked, existing)
     response = make_response(render_template(
-        "connectors/authorize.html", client=client, scopes=scopes,
-        words=services.SCOPE_WORDS, granted=services.grantable(scopes, existing),
-        redirect_host=uris.host_words(grant.redirect_uri), action=request.full_path,
-        unverified=client.kind == "registered"))
+        "connectors/authorize.html", client=client, choices=services.consent_choices(asked),
+        words=services.SCOPE_WORDS, hard_delete=services.HARD_DELETE in asked,
+        hard_delete_kept=kept, redirect_host=uris.host_words(grant.redirect_uri),
+        action=request.full_path, unverified=client.kind == "registered", error=error),
+        status)
     response.headers["Cache-Control"] = "no-store"
     # The answer redirects to the app: the policy lets this form go there.
     response.headers["Content-Security-Policy"] = content_security_policy(
@@ -214,8 +217,9 @@ def _consent_page(grant: Any, client: Any, scopes: list[str], resource: str):
 @bp.route("/oauth/authorize", methods=["GET", "POST"])
 @login_required
 def authorize():
-    """GET shows the consent page; POST (CSRF-protected) records the answer and sends
-    the user back to the app with a code, or with access_denied."""
+    """GET shows the consent page (a box per scope); POST (CSRF-protected) records the
+    answer — the scopes ticked — and sends the user back to the app with a code, or
+    with access_denied."""
     server = _server()
     posting = request.method == "POST"  # GET and HEAD show; only a POST changes
     try:
@@ -225,14 +229,25 @@ def authorize():
     except OAuth2Error as error:
         return _authorize_error(error)
     client = grant.request.client
-    scopes = grant.request.scope.split()
+    asked = grant.request.scope.split()
     resource = oauth.mcp_resource()
     if not posting:
-        return _consent_page(grant, client, scopes, resource)
-    allowed = request.form.get("decision") == "allow"
-    connection = services.consent(db.session, user=current_user, client=client,
-                                  scopes=scopes, resource=resource, allowed=allowed)
-    grant_user = oauth.Consented(current_user, connection) if connection else None
+        return _consent_page(grant, client, asked, resource)
+    grant_user = None
+    if request.form.get("decision") == "allow":
+        ticked = services.ticked_scopes(request.form.getlist("granted"))
+        try:
+            connection = services.consent(db.session, user=current_user, client=client,
+                                          scopes=ticked, asked=asked, resource=resource,
+                                          allowed=True)
+        except services.ConnectorError as exc:  # nothing ticked: asked again
+            return _consent_page(grant, client, asked, resource, error=exc.sentence,
+                                 status=400)
+        grant_user = oauth.Consented(current_user, connection,
+                                     services.code_scopes(asked, ticked))
+    else:
+        services.consent(db.session, user=current_user, client=client, scopes=asked,
+                         resource=resource, allowed=False)
     response = server.create_authorization_response(grant=grant, grant_user=grant_user)
     db.session.commit()
     return response
