@@ -252,6 +252,24 @@ def make_connection(session, user, *, scopes: Iterable[str] = ("memory:read",),
     return grant, access
 
 
+def make_team(session, owner, *, slug: str | None = None, name: str | None = None,
+              members: dict | None = None, **policies: Any):
+    """A team led by ``owner`` (made through the service, as the team page makes one),
+    with ``members`` ({user: role}) joined as an accepted invitation makes them."""
+    from dashboard.teams.models import TeamMember
+    from dashboard.teams.services import create_team
+
+    n = next(_seq)
+    team = create_team(session, creator=owner, name=name or f"Team {n}",
+                       slug=slug or f"team-{n}", actor=Actor.of(owner))
+    for user, role in (members or {}).items():
+        session.add(TeamMember(team_id=team.id, user_id=user.id, role=role))
+    for field_name, value in policies.items():
+        setattr(team, field_name, value)
+    session.flush()
+    return team
+
+
 def plans_of(session) -> UserPlans:
     """What a request's edge would pass the services: each user's plan, read once."""
     return UserPlans(session)
