@@ -111,10 +111,14 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "OAUTH_ACCESS_TOKEN_SECONDS": _env("OAUTH_ACCESS_TOKEN_SECONDS", 900, int),
         "OAUTH_CODE_SECONDS": _env("OAUTH_CODE_SECONDS", 300, int),
         "OAUTH_REFRESH_TOKEN_DAYS": _env("OAUTH_REFRESH_TOKEN_DAYS", 30, int),
-        # Client ID metadata documents: how long a fetched one is trusted; another CA to
+        # Client ID metadata documents: how long a fetched one is trusted; the deadline of
+        # a whole fetch (seconds: connecting, TLS and every read together); how many
+        # fetches one process runs at once (more are refused, never queued); another CA to
         # trust (a private one); whether private addresses may be fetched (never, but in
         # tests of a local server).
         "OAUTH_CLIENT_METADATA_SECONDS": _env("OAUTH_CLIENT_METADATA_SECONDS", 3600, int),
+        "OAUTH_CLIENT_METADATA_TIMEOUT": _env("OAUTH_CLIENT_METADATA_TIMEOUT", 5.0, float),
+        "OAUTH_CLIENT_METADATA_FETCHES": _env("OAUTH_CLIENT_METADATA_FETCHES", 2, int),
         "OAUTH_CLIENT_METADATA_CA": _env("OAUTH_CLIENT_METADATA_CA", None),
         "OAUTH_CLIENT_METADATA_ALLOW_PRIVATE": _env("OAUTH_CLIENT_METADATA_ALLOW_PRIVATE",
                                                     False, parse_boolean),

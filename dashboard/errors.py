@@ -1,4 +1,5 @@
-"""Clear errors, never a bare 500 page: HTML for people, problem+json for the API."""
+"""Clear errors, never a bare 500 page: HTML for people, problem+json for the API, and
+an RFC 6749 error (JSON, not stored) at the OAuth client endpoints."""
 
 from __future__ import annotations
 
@@ -71,6 +72,30 @@ def _error_page(code: int, title: str, detail: str):
         return response
 
 
+# The endpoints OAuth clients (not people) call: every error there is an RFC 6749 error.
+OAUTH_CLIENT_PATHS = ("/oauth/token", "/oauth/revoke", "/oauth/register")
+OAUTH_ERRORS = {400: "invalid_request", 401: "invalid_client", 405: "invalid_request",
+                413: "invalid_request", 429: "temporarily_unavailable",
+                503: "temporarily_unavailable"}
+
+
+def oauth_client_path() -> bool:
+    return request.path.rstrip("/") in OAUTH_CLIENT_PATHS
+
+
+def oauth_error(status: int, detail: str, error: str | None = None):
+    """An RFC 6749 error body (``error``, ``error_description``: printable ASCII without
+    a quote or backslash), marked not to be stored."""
+    text = "".join(c if " " <= c <= "~" and c not in "\\\"" else "'" for c in detail)
+    response = jsonify(error=error or OAUTH_ERRORS.get(status, "invalid_request"
+                                                       if status < 500 else "server_error"),
+                       error_description=text)
+    response.status_code = status
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Pragma"] = "no-cache"
+    return response
+
+
 def refusal_status(refusal: Refusal) -> int:
     return PAGE_STATUS.get(refusal.kind, 400)
 
@@ -103,7 +128,7 @@ def _rollback() -> None:
         log.warning("rollback after an error failed: %s", type(exc).__name__)
 
 
-def _wait_words(seconds: int) -> str:
+def wait_words(seconds: int) -> str:
     if seconds >= 90:
         minutes = round(seconds / 60)
         return f"{minutes} minute{'s' if minutes != 1 else ''}"
@@ -111,6 +136,8 @@ def _wait_words(seconds: int) -> str:
 
 
 def _page(code: int, title: str, detail: str):
+    if oauth_client_path():
+        return oauth_error(code, detail)
     if wants_json():
         return problem(code, title, detail)
     return _error_page(code, title, detail)
@@ -121,7 +148,7 @@ def register_error_handlers(app: Flask) -> None:
     def too_many(exc: RateLimitExceeded):
         current = get_limiter().current_limit
         wait = max(1, int(current.reset_at - time.time())) if current else 60
-        return _page(429, "Too many attempts", TOO_MANY.format(wait=_wait_words(wait)))
+        return _page(429, "Too many attempts", TOO_MANY.format(wait=wait_words(wait)))
 
     @app.errorhandler(DataError)
     def data_error(exc: DataError):
@@ -147,6 +174,8 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(CSRFError)
     def csrf_error(exc: CSRFError):
         detail = "The form expired or was sent without its security token. Reload and try again."
+        if oauth_client_path():
+            return oauth_error(400, detail)
         if wants_json():
             return problem(400, "CSRF token missing or invalid", detail)
         return _error_page(400, "Form expired", detail)
@@ -158,7 +187,9 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
         code = exc.code or 500
-        if wants_json():
+        if oauth_client_path():
+            response = oauth_error(code, page_words(exc)[1])
+        elif wants_json():
             response = problem(code, exc.name, exc.description or exc.name)
         else:
             response = make_response(_error_page(code, *page_words(exc)))
@@ -179,6 +210,8 @@ def register_error_handlers(app: Flask) -> None:
         if app.testing and app.config.get("PROPAGATE_TEST_ERRORS", True):
             raise exc
         err = InternalServerError()
+        if oauth_client_path():
+            return oauth_error(500, "Something went wrong on our side.")
         if wants_json():
             return problem(500, err.name, "Something went wrong on our side.")
         return _error_page(500, *page_words(err))

@@ -142,10 +142,17 @@ def valid_host(host: str) -> bool:
 
 def _host_refused(environ: dict[str, Any], sentence: str = HOST_INVALID) -> Response:
     """The 400 for a bad Host: built here, as no page can be (url_for needs the host)."""
-    if environ.get("PATH_INFO", "").startswith("/v1"):
+    path = environ.get("PATH_INFO", "")
+    if path.startswith("/v1"):
         response = Response(json.dumps({"type": "about:blank", "title": "Bad Request",
                                         "status": 400, "detail": sentence}),
                             400, mimetype="application/problem+json")
+    elif path.rstrip("/") in ("/oauth/token", "/oauth/revoke", "/oauth/register"):
+        # An OAuth client's endpoint: an RFC 6749 error, as errors.py answers there.
+        response = Response(json.dumps({"error": "invalid_request",
+                                        "error_description": sentence}),
+                            400, mimetype="application/json")
+        response.headers["Cache-Control"] = "no-store"
     else:
         response = Response(sentence + "\n", 400, mimetype="text/plain")
     response.headers.update(FIXED_HEADERS)

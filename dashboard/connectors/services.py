@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from dashboard.audit.services import SYSTEM, Actor, record_event
@@ -27,6 +28,7 @@ from dashboard.connectors.models import (
     OAuthGrant,
     OAuthToken,
 )
+from dashboard.connectors.uris import BadURI, origin, split_canonical
 from dashboard.memories.models import SCOPES
 from dashboard.refusals import Forbidden, NotFound, Refusal
 
@@ -39,6 +41,17 @@ SCOPE_WORDS = {
     "memory:delete": "delete memories (you can restore them for a while)",
     "memory:redact": "redact memories — this can't be undone: the words are gone",
     "memory:hard_delete": "erase memories for good — this can't be undone",
+}
+# What an app is given unless a person ticks more (RFC 9728 metadata names only these, so
+# clients stop asking for everything): reading and saving.
+EVERYDAY_SCOPES = ("memory:read", "memory:write")
+# Said under a box the app asked for whose effect cannot be taken back lightly.
+SCOPE_WARNINGS = {
+    "memory:delete": "The app asked to delete memories. You can restore a deleted memory "
+                     "for a while; tick this only if you want the app to delete.",
+    "memory:redact": "The app asked to redact memories. Redacting removes the words for "
+                     "good and cannot be undone; tick this only if you want the app to do "
+                     "that.",
 }
 GRANT_TYPES = ("authorization_code", "refresh_token")
 AUTH_METHODS = ("none", "client_secret_post", "client_secret_basic")
@@ -98,20 +111,34 @@ def _is_loopback(host: str | None) -> bool:
 
 def check_redirect_uri(uri: object) -> str:
     """An absolute https URI, or http on this machine (a desktop client's loopback
-    listener), or a private scheme (``vscode://…``, a native app); no fragment."""
-    if not isinstance(uri, str) or not 1 <= len(uri) <= 2000 or any(c.isspace() for c in uri):
+    listener), or a private scheme (``vscode://…``, a native app); no fragment; in the
+    canonical form ``uris`` describes (what is compared is where a browser goes)."""
+    if not isinstance(uri, str) or not 1 <= len(uri) <= 2000:
         raise ConnectorError("Each redirect URI must be an absolute URI.", "redirect_uris")
-    parts = urlsplit(uri)
-    if parts.fragment or not parts.scheme:
+    try:
+        parts = split_canonical(uri)
+    except BadURI as exc:
+        raise ConnectorError(f"Redirect URIs: {exc.sentence}", "redirect_uris") from None
+    if parts.fragment or "#" in uri:
         raise ConnectorError("A redirect URI has a scheme and no fragment.", "redirect_uris")
+    if parts.scheme in ("javascript", "data", "file", "blob", "about", "vbscript"):
+        raise ConnectorError("That scheme cannot be a redirect URI.", "redirect_uris")
+    if parts.scheme in ("http", "https") and (not parts.hostname
+                                              or not uri.startswith(parts.scheme + "://")):
+        raise ConnectorError("A web redirect URI names a host.", "redirect_uris")
     if parts.scheme == "http" and not _is_loopback(parts.hostname):
         raise ConnectorError("A redirect URI over plain http must be on localhost.",
                              "redirect_uris")
-    if parts.scheme in ("http", "https") and not parts.hostname:
-        raise ConnectorError("A web redirect URI names a host.", "redirect_uris")
-    if parts.scheme in ("javascript", "data", "file"):
-        raise ConnectorError("That scheme cannot be a redirect URI.", "redirect_uris")
     return uri
+
+
+def redirect_verified(client: OAuthClient, redirect_uri: str) -> bool:
+    """Whether an error may be sent to this redirect URI without asking the person: only
+    a metadata-document client's, and only one on the client_id's own origin (whoever
+    serves the document there answers for both). A self-registered client chose its URIs
+    itself (anyone can register one pointing anywhere), and a document may name any host."""
+    return client.kind == "document" and origin(redirect_uri) is not None \
+        and origin(redirect_uri) == origin(client.client_id)
 
 
 def _texts(value: object, field: str, allowed: Iterable[str] | None = None,
@@ -203,10 +230,9 @@ def find_client(session: Session, client_id: object) -> OAuthClient | None:
     return session.scalars(select(OAuthClient).where(OAuthClient.client_id == client_id)).first()
 
 
-def client_from_document(session: Session, url: str, document: Mapping[str, Any], *,
-                         now: datetime | None = None) -> OAuthClient:
-    """The client a metadata document (fetched from ``url``, its client_id) describes,
-    stored or refreshed: its name and redirect URIs are what the document says now."""
+def document_fields(url: str, document: Mapping[str, Any]) -> ClientFields:
+    """The client a metadata document fetched from ``url`` (its client_id) describes,
+    checked: a public client naming itself by that URL."""
     if document.get("client_id") != url:
         raise ConnectorError("The client metadata document names another client_id.",
                              "client_id")
@@ -214,18 +240,44 @@ def client_from_document(session: Session, url: str, document: Mapping[str, Any]
     if fields.auth_method != "none":
         raise ConnectorError("A client identified by a metadata document is a public "
                              "client (token_endpoint_auth_method none).", "client_id")
-    client = find_client(session, url)
-    if client is None:
-        client = OAuthClient(client_id=url, kind="document")
-        session.add(client)
-    client.name, client.redirect_uris = fields.name, fields.redirect_uris
-    client.client_uri, client.scope = fields.client_uri, fields.scope
-    client.grant_types = fields.grant_types or ["authorization_code"]
-    client.response_types = fields.response_types
-    client.token_endpoint_auth_method, client.client_secret_hash = "none", None
-    client.attribution = attribution_of(fields.name, url)
-    client.fetched_at = _now(now)
-    session.flush()
+    return fields
+
+
+def _document_values(url: str, fields: ClientFields, now: datetime) -> dict[str, Any]:
+    return {"name": fields.name, "redirect_uris": fields.redirect_uris,
+            "client_uri": fields.client_uri, "scope": fields.scope,
+            "grant_types": fields.grant_types or ["authorization_code"],
+            "response_types": fields.response_types, "token_endpoint_auth_method": "none",
+            "client_secret_hash": None, "attribution": attribution_of(fields.name, url),
+            "fetched_at": now}
+
+
+def unsaved_document_client(url: str, document: Mapping[str, Any],
+                            stored: OAuthClient | None = None, *,
+                            now: datetime | None = None) -> OAuthClient:
+    """The client as the document says now, not stored (a consent page, which a GET
+    shows, writes nothing); with the stored one's id, if there is one."""
+    values = _document_values(url, document_fields(url, document), _now(now))
+    return OAuthClient(id=stored.id if stored is not None else None, client_id=url,
+                       kind="document", **values)
+
+
+def save_document_client(session: Session, url: str, document: Mapping[str, Any], *,
+                         now: datetime | None = None) -> OAuthClient:
+    """The client a metadata document describes, stored or refreshed in one statement
+    (two answers at once for a new app store one row): its name and redirect URIs are
+    what the document says now."""
+    values = _document_values(url, document_fields(url, document), _now(now))
+    statement = pg_insert(OAuthClient).values(client_id=url, kind="document", **values)
+    statement = statement.on_conflict_do_update(
+        index_elements=[OAuthClient.client_id],
+        set_={key: statement.excluded[key] for key in values},
+        where=OAuthClient.kind == "document")
+    client_pk = session.execute(statement.returning(OAuthClient.id)).scalar()
+    if client_pk is None:  # the client_id is a registered client's: never rewritten
+        raise ConnectorError("That client_id belongs to another client.", "client_id")
+    client = session.get(OAuthClient, client_pk, populate_existing=True)
+    assert client is not None
     return client
 
 
@@ -249,6 +301,41 @@ def grantable(scopes: Iterable[str], existing: OAuthGrant | None = None) -> list
     return [s for s in SCOPES if s in scopes and (s != HARD_DELETE or s in kept)]
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One box on the consent page: a scope a person may grant, ticked or not, and
+    what it means when it cannot be taken back lightly."""
+
+    scope: str
+    ticked: bool
+    warning: str | None = None
+
+
+def consent_choices(asked: Iterable[str]) -> list[Choice]:
+    """What the consent page offers: a box for every scope a person may grant, ticked
+    when the app asked for it (reading and saving, by default: the RFC 9728 metadata
+    names only those). Deleting and redacting, when asked for, come with a warning; not
+    asked for, they stay unticked, for a person who wants to give them anyway."""
+    asked = set(asked)
+    return [Choice(scope, scope in asked, SCOPE_WARNINGS[scope]
+                   if scope in asked and scope in SCOPE_WARNINGS else None)
+            for scope in USER_SCOPES]
+
+
+def ticked_scopes(values: Iterable[object]) -> list[str]:
+    """The scopes a consent form's boxes name, in SCOPES order: only those a person may
+    grant (anything else a form could be made to send is dropped)."""
+    named = {value for value in values if isinstance(value, str)}
+    return [scope for scope in USER_SCOPES if scope in named]
+
+
+def code_scopes(asked: Iterable[str], ticked: Iterable[str]) -> list[str]:
+    """What a code (and the tokens it buys) carries: what the person ticked, and the
+    elevated scope if the app asked for it (it applies once an admin grants it)."""
+    asked, ticked = set(asked), set(ticked)
+    return [s for s in SCOPES if s in ticked or (s == HARD_DELETE and s in asked)]
+
+
 def live_grant(session: Session, user_id: int, client: OAuthClient,
                resource: str) -> OAuthGrant | None:
     return session.scalars(select(OAuthGrant).where(
@@ -256,26 +343,46 @@ def live_grant(session: Session, user_id: int, client: OAuthClient,
         OAuthGrant.resource == resource, OAuthGrant.revoked_at.is_(None))).first()
 
 
+def _live_grant_locked(session: Session, user_id: int, client: OAuthClient,
+                       resource: str) -> OAuthGrant:
+    """The live connection, made if there is none, locked. One statement makes it: of
+    two answers at once (a double-clicked Allow) the second waits for the first and
+    takes its row, never a second one (nor a unique-index error)."""
+    session.execute(pg_insert(OAuthGrant).values(
+        user_id=user_id, client_pk=client.id, resource=resource, scopes=[], calls=0,
+    ).on_conflict_do_nothing(index_elements=["user_id", "client_pk", "resource"],
+                             index_where=OAuthGrant.revoked_at.is_(None)))
+    return session.scalars(select(OAuthGrant).where(
+        OAuthGrant.user_id == user_id, OAuthGrant.client_pk == client.id,
+        OAuthGrant.resource == resource, OAuthGrant.revoked_at.is_(None))
+        .with_for_update().execution_options(populate_existing=True)).one()
+
+
 def consent(session: Session, *, user: User, client: OAuthClient, scopes: list[str],
-            resource: str, allowed: bool) -> OAuthGrant | None:
-    """The user's answer. Allowed: the live connection with these scopes (made, or
-    updated), audited; denied: audited, nothing else."""
+            resource: str, allowed: bool, asked: list[str] | None = None
+            ) -> OAuthGrant | None:
+    """The user's answer: ``scopes`` are what they ticked, ``asked`` what the app asked
+    for (the same, unless given). Allowed: the live connection with the ticked scopes
+    (made, or updated), audited with both; denied: audited, nothing else."""
     actor = Actor.of(user)
+    asked = list(scopes if asked is None else asked)
     if not allowed:
         record_event(session, action="oauth.deny", actor=actor, owner_id=user.id,
                      target_type="oauth_client", target_id=client.id,
-                     details={"scopes": scopes})
+                     details={"scopes": asked})
         return None
-    grant = live_grant(session, user.id, client, resource)
-    if grant is None:
-        grant = OAuthGrant(user_id=user.id, client_pk=client.id, resource=resource, scopes=[])
-        session.add(grant)
+    ticked = ticked_scopes(scopes)
+    if not ticked:
+        raise ConnectorError("Tick at least one thing the app may do, or choose Deny.",
+                             "scope")
+    grant = _live_grant_locked(session, user.id, client, resource)
     before = list(grant.scopes)
-    grant.scopes = grantable(set(scopes) | ({HARD_DELETE} & set(before)), grant)
+    grant.scopes = grantable(set(ticked) | ({HARD_DELETE} & set(before)), grant)
     session.flush()
     record_event(session, action="oauth.grant", actor=actor, owner_id=user.id,
                  target_type="oauth_grant", target_id=grant.id,
-                 details={"client": client.id, "scopes": grant.scopes, "before": before})
+                 details={"client": client.id, "asked": asked, "ticked": ticked,
+                          "scopes": grant.scopes, "before": before})
     return grant
 
 

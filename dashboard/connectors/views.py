@@ -4,6 +4,7 @@ handed, and one click to cut it off)."""
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,7 +27,8 @@ from flask_limiter.util import get_remote_address
 from flask_login import current_user, login_required
 
 from dashboard.audit.services import Actor
-from dashboard.connectors import oauth, services
+from dashboard.connectors import oauth, services, uris
+from dashboard.errors import TOO_MANY, oauth_error, wait_words
 from dashboard.extensions import csrf, db
 from dashboard.security import content_security_policy, csp_nonce, get_limiter
 
@@ -41,15 +43,14 @@ def init_oauth(app: Flask) -> None:
 
 
 def limit_oauth(app: Flask) -> None:
-    """Per client address: the token and revocation endpoints, and registrations (after
-    ``init_security``, which makes the limiter)."""
+    """Per client address: the token and revocation endpoints (after ``init_security``,
+    which makes the limiter). Registrations are counted by ``oauth.registration_wait``,
+    with the new metadata-document clients a consent stores."""
     limiter = get_limiter(app)
-    for endpoint, setting in (("connectors.token", "OAUTH_RATE_LIMIT"),
-                              ("connectors.revoke_token", "OAUTH_RATE_LIMIT"),
-                              ("connectors.register", "OAUTH_REGISTER_LIMIT")):
+    for endpoint in ("connectors.token", "connectors.revoke_token"):
         view = app.view_functions[endpoint]
         app.view_functions[endpoint] = limiter.limit(
-            lambda setting=setting: app.config[setting], key_func=get_remote_address,
+            lambda: app.config["OAUTH_RATE_LIMIT"], key_func=get_remote_address,
             scope=endpoint)(view)
 
 
@@ -61,6 +62,37 @@ def _json(body: dict[str, Any], status: int = 200):
     response = jsonify(body)
     response.status_code = status
     response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+# Said for an error Authlib raises without a sentence of its own.
+DESCRIPTIONS = {
+    "invalid_request": "The request lacks a parameter it needs, or holds one that is not "
+                       "valid here.",
+    "unsupported_grant_type": "grant_type is authorization_code or refresh_token.",
+    "unsupported_token_type": "token_type_hint is access_token or refresh_token.",
+    "invalid_grant": "The code or refresh token is not valid (used, expired, revoked, or "
+                     "issued to another client).",
+    "invalid_client": "The client is unknown here, or did not authenticate as it "
+                      "registered to.",
+    "invalid_scope": "The scope asked for is not one this server knows, or is wider than "
+                     "the one granted.",
+}
+
+
+def _oauth_error(error: OAuth2Error):
+    """An RFC 6749 error as the client endpoints answer it: JSON, not stored."""
+    db.session.rollback()
+    return _described(_server().handle_error_response(None, error))
+
+
+def _described(response):
+    """An error answer always says what went wrong (``error_description``)."""
+    if response.status_code >= 400:
+        body = response.get_json(silent=True)
+        if isinstance(body, dict) and body.get("error") and not body.get("error_description"):
+            body["error_description"] = DESCRIPTIONS.get(body["error"], "The request failed.")
+            response.set_data(json.dumps(body))
     return response
 
 
@@ -83,21 +115,31 @@ def protected_resource_metadata():
 
 @bp.post("/oauth/token")
 def token():
-    """Exchange a code (with its PKCE verifier) or a refresh token for tokens."""
+    """Exchange a code (with its PKCE verifier) or a refresh token for tokens. Only
+    clients already stored are known here: nothing is fetched for anyone who asks."""
     try:
+        oauth.check_client_request()
         response = _server().create_token_response()
+    except OAuth2Error as error:
+        return _oauth_error(error)
     except services.ConnectorError as exc:
         db.session.rollback()
-        return _json({"error": "invalid_request", "error_description": exc.sentence}, 400)
+        return _json({"error": "invalid_request",
+                      "error_description": oauth.description(exc.sentence)}, 400)
     # Commit either way: an error may have revoked a connection (a code or refresh
     # token used twice), which must hold; nothing else is written on an error.
     db.session.commit()
-    return response
+    return _described(response)
 
 
 @bp.post("/oauth/register")
 def register():
-    """Dynamic client registration (RFC 7591)."""
+    """Dynamic client registration (RFC 7591), counted per client address."""
+    wait = oauth.registration_wait(count=True)
+    if wait is not None:
+        response = oauth_error(429, TOO_MANY.format(wait=wait_words(wait)))
+        response.headers["Retry-After"] = str(wait)
+        return response
     status, body = oauth.register(request.get_json(silent=True))
     if status == 201:
         db.session.commit()
@@ -107,61 +149,105 @@ def register():
 @bp.post("/oauth/revoke")
 def revoke_token():
     """RFC 7009: a client gives a token back."""
-    response = _server().create_endpoint_response("revocation")
+    try:
+        oauth.check_client_request()
+        response = _server().create_endpoint_response("revocation")
+    except OAuth2Error as error:
+        return _oauth_error(error)
     db.session.commit()
-    return response
+    return _described(response)
 
 
 # -- consent --------------------------------------------------------------------------------
 
 def _authorize_error(error: OAuth2Error):
-    """A request that names a client we know and one of its redirect URIs goes back there
-    with the error; any other is answered here, never sent anywhere."""
+    """A bad authorization request. It goes back to the app with the error only when
+    its redirect URI is verified (``services.redirect_verified``); any other is answered
+    here, naming where the app would have taken the person, with a link they may
+    follow — never a redirect to an address anyone could have registered."""
+    redirect_uri = getattr(error, "redirect_uri", None)
+    client = oauth.query_client(request.args.get("client_id", "")) if redirect_uri else None
+    known = client is not None and client.check_redirect_uri(redirect_uri)
+    if known and services.redirect_verified(client, redirect_uri):
+        response = _server().handle_error_response(None, error)
+        db.session.rollback()
+        return response
+    link = dict(error()[2]).get("Location") if known else None
+    host = uris.host_words(redirect_uri) if link else None
     db.session.rollback()
-    if getattr(error, "redirect_uri", None):
-        return _server().handle_error_response(None, error)
-    return render_template("connectors/authorize_error.html",
-                           sentence=error.description or error.error), 400
+    status = error.status_code if error.status_code in (429, 503) else 400
+    response = make_response(render_template(
+        "connectors/authorize_error.html", sentence=error.description or error.error,
+        busy=status != 400, link=link, host=host), status)
+    response.headers["Cache-Control"] = "no-store"
+    if status != 400:
+        response.headers["Retry-After"] = str(getattr(error, "wait", 5))
+    return response
 
 
 def form_source(uri: str) -> tuple[str, ...]:
     """The CSP source of a redirect URI: its origin (web), or its scheme (an app's)."""
     parts = urlsplit(uri)
-    source = f"{parts.scheme}://{parts.netloc}" if parts.scheme in ("http", "https") \
-        else f"{parts.scheme}:"
-    return (source,) if source.isascii() and not any(c in source for c in " ;,'\"") else ()
+    if parts.scheme in ("http", "https"):  # the parsed host, never the raw authority
+        source = f"{parts.scheme}://{uris.host_words(uri)}" if uris.origin(uri) else ""
+    else:
+        source = f"{parts.scheme}:"
+    return (source,) if source and source.isascii() \
+        and not any(c in source for c in " ;,'\"") else ()
+
+
+def _consent_page(grant: Any, client: Any, asked: list[str], resource: str, *,
+                  error: str | None = None, status: int = 200):
+    existing = services.live_grant(db.session, current_user.id, client, resource) \
+        if client.id is not None else None
+    kept = services.HARD_DELETE in services.grantable(asked, existing)
+    response = make_response(render_template(
+        "connectors/authorize.html", client=client, choices=services.consent_choices(asked),
+        words=services.SCOPE_WORDS, hard_delete=services.HARD_DELETE in asked,
+        hard_delete_kept=kept, redirect_host=uris.host_words(grant.redirect_uri),
+        action=request.full_path, unverified=client.kind == "registered", error=error),
+        status)
+    response.headers["Cache-Control"] = "no-store"
+    # The answer redirects to the app: the policy lets this form go there.
+    response.headers["Content-Security-Policy"] = content_security_policy(
+        csp_nonce(), form_source(grant.redirect_uri))
+    return response
 
 
 @bp.route("/oauth/authorize", methods=["GET", "POST"])
 @login_required
 def authorize():
-    """GET shows the consent page; POST (CSRF-protected) records the answer and sends
-    the user back to the app with a code, or with access_denied."""
+    """GET shows the consent page (a box per scope); POST (CSRF-protected) records the
+    answer — the scopes ticked — and sends the user back to the app with a code, or
+    with access_denied."""
     server = _server()
+    posting = request.method == "POST"  # GET and HEAD show; only a POST changes
     try:
+        oauth.check_authorize_request()
+        oauth.prepare_client(store=posting)
         grant = server.get_consent_grant(end_user=current_user)
     except OAuth2Error as error:
         return _authorize_error(error)
     client = grant.request.client
-    scopes = grant.request.scope.split()
+    asked = grant.request.scope.split()
     resource = oauth.mcp_resource()
-    if request.method != "POST":  # GET and HEAD show; only a POST changes
-        existing = services.live_grant(db.session, current_user.id, client, resource)
-        response = make_response(render_template(
-            "connectors/authorize.html", client=client, scopes=scopes,
-            words=services.SCOPE_WORDS, granted=services.grantable(scopes, existing),
-            redirect_host=urlsplit(grant.redirect_uri).netloc or grant.redirect_uri,
-            redirect_uri=grant.redirect_uri, action=request.full_path,
-            unverified=client.kind == "registered"))
-        response.headers["Cache-Control"] = "no-store"
-        # The answer redirects to the app: the policy lets this form go there.
-        response.headers["Content-Security-Policy"] = content_security_policy(
-            csp_nonce(), form_source(grant.redirect_uri))
-        return response
-    allowed = request.form.get("decision") == "allow"
-    connection = services.consent(db.session, user=current_user, client=client,
-                                  scopes=scopes, resource=resource, allowed=allowed)
-    grant_user = oauth.Consented(current_user, connection) if connection else None
+    if not posting:
+        return _consent_page(grant, client, asked, resource)
+    grant_user = None
+    if request.form.get("decision") == "allow":
+        ticked = services.ticked_scopes(request.form.getlist("granted"))
+        try:
+            connection = services.consent(db.session, user=current_user, client=client,
+                                          scopes=ticked, asked=asked, resource=resource,
+                                          allowed=True)
+        except services.ConnectorError as exc:  # nothing ticked: asked again
+            return _consent_page(grant, client, asked, resource, error=exc.sentence,
+                                 status=400)
+        grant_user = oauth.Consented(current_user, connection,
+                                     services.code_scopes(asked, ticked))
+    else:
+        services.consent(db.session, user=current_user, client=client, scopes=asked,
+                         resource=resource, allowed=False)
     response = server.create_authorization_response(grant=grant, grant_user=grant_user)
     db.session.commit()
     return response

@@ -1,6 +1,7 @@
 """The consent page in a real browser (headless Chromium): a person signs in, reads what
-the app asks for in words, allows — and the app gets a code it can exchange; denies — and
-the app gets access_denied. The page is keyboard-reachable and carries no CSP violation."""
+the app asks for in words, one labelled box per scope, ticks one more with the keyboard
+alone, allows — and the app gets a code for what was ticked; denies — and the app gets
+access_denied. The page works at a phone's width (390 px) and carries no CSP violation."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from tests.browser.conftest import Page
 from tests.connectors.oauth_flow import REDIRECT_URI, authorize_url, pkce
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
+from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 
 pytestmark = pytest.mark.processes  # real processes or servers: slow
@@ -42,28 +44,46 @@ def returned(page: Page) -> dict[str, str]:
 
 
 def open_consent(page: Page, base_url: str, client_id: str, challenge: str) -> None:
+    # What an MCP client asks for by default: the scopes the resource metadata advertises.
     page.open(authorize_url(client_id, challenge, resource=f"{base_url}/mcp",
-                            scope="memory:read memory:write memory:delete"))
+                            scope="memory:read memory:write"))
 
 
-def test_allow_gives_the_app_a_code_it_can_exchange(page, base_url, person):
+def tab_to(page: Page, element) -> None:
+    """Press Tab until ``element`` has the focus (the keyboard alone)."""
+    for _ in range(60):
+        if page.driver.switch_to.active_element == element:
+            return
+        page.driver.switch_to.active_element.send_keys(Keys.TAB)
+    assert page.driver.switch_to.active_element == element
+
+
+# Each box, its label's words, and whether it is ticked: what a screen reader announces.
+BOXES = """return [...document.querySelectorAll('#consent input[type=checkbox]')].map(
+    box => [box.value, box.labels.length === 1 ? box.labels[0].innerText.trim() : null,
+            box.checked]);"""
+
+
+def test_allow_gives_the_app_a_code_for_what_was_ticked(page, base_url, person):
     client_id = register(base_url)
     verifier, challenge = pkce()
     page.sign_in(person.email)
     open_consent(page, base_url, client_id, challenge)
     assert "Connect Claude (browser test) to your memory?" in page.text
     assert "Unverified app" in page.text
-    for scope in ("memory:read", "memory:write", "memory:delete"):
-        assert SCOPE_WORDS[scope] in page.text
+    assert [(scope, label.startswith(SCOPE_WORDS[scope]), ticked) for scope, label, ticked
+            in page.driver.execute_script(BOXES)] == [
+        ("memory:read", True, True), ("memory:write", True, True),
+        ("memory:delete", True, False), ("memory:redact", True, False)]
     page.screenshot("consent.png")
     page.assert_no_violations()
-    # The keyboard alone: Tab to Allow, Enter.
+    # The keyboard alone: Tab to "delete", Space ticks it, Tab to Allow, Enter.
+    delete = page.find("#consent input[value='memory:delete']")
+    tab_to(page, delete)
+    delete.send_keys(Keys.SPACE)
+    assert delete.is_selected()
     allow = page.find("#consent button[value=allow]")
-    for _ in range(60):
-        if page.driver.switch_to.active_element == allow:
-            break
-        page.driver.switch_to.active_element.send_keys(Keys.TAB)
-    assert page.driver.switch_to.active_element == allow
+    tab_to(page, allow)
     allow.send_keys(Keys.ENTER)
     params = returned(page)
     assert params["state"] == "s1" and params["code"].startswith("opac_")
@@ -72,6 +92,36 @@ def test_allow_gives_the_app_a_code_it_can_exchange(page, base_url, person):
         "redirect_uri": REDIRECT_URI, "client_id": client_id})
     assert answer.status_code == 200, answer.text
     assert answer.json()["scope"] == "memory:read memory:write memory:delete"
+
+
+def test_on_a_phone_every_box_fits_and_a_label_ticks_its_box(page, base_url, person):
+    client_id = register(base_url)
+    verifier, challenge = pkce()
+    page.driver.set_window_size(390, 844)
+    try:
+        page.sign_in(person.email)
+        open_consent(page, base_url, client_id, challenge)
+        assert page.driver.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth")
+        for element in page.driver.find_elements(By.CSS_SELECTOR,
+                                                 "#consent input, #consent label, "
+                                                 "#consent button"):
+            if element.get_attribute("type") == "hidden":
+                continue
+            box = element.rect
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 390, element.text
+        page.screenshot("consent-phone.png")
+        page.click("label[for=scope-2]")  # the words untick "save new memories"
+        assert not page.find("#scope-2").is_selected()
+        page.click("#consent button[value=allow]")
+        params = returned(page)
+    finally:
+        page.driver.set_window_size(1280, 1000)
+    answer = httpx2.post(f"{base_url}/oauth/token", data={
+        "grant_type": "authorization_code", "code": params["code"], "code_verifier": verifier,
+        "redirect_uri": REDIRECT_URI, "client_id": client_id})
+    assert answer.json()["scope"] == "memory:read"
+    page.assert_no_violations()
 
 
 def test_deny_sends_access_denied_back_to_the_app(page, base_url, person):

@@ -24,6 +24,7 @@ from dashboard.connectors.models import OAuthClient
 from dashboard.extensions import db
 from dashboard.queues import build_queue
 from tests.conftest import make_test_config
+from tests.connectors.oauth_flow import ticked
 from tests.factories import PASSWORD, make_user
 from tests.live import serving
 
@@ -78,14 +79,17 @@ class Person:
             "email": email, "password": password, "csrf_token": CSRF.search(page).group(1)})
         assert answer.status_code == 302, answer.status_code
 
-    def consent(self, authorize_url: str, decision: str = "allow") -> httpx2.Response:
-        """Open the consent page the app sent us to, and answer it."""
+    def consent(self, authorize_url: str, decision: str = "allow",
+                tick: tuple[str, ...] = ()) -> httpx2.Response:
+        """Open the consent page the app sent us to, and answer it: the boxes as they
+        come, and ``tick`` ticked besides."""
         page = self.http.get(authorize_url)
         assert page.status_code == 200, (page.status_code, page.text[:500])
         action = html.unescape(FORM_ACTION.search(page.text).group(1))
         self.last_page = page.text
         return self.http.post(urljoin(self.url, action), data={
-            "csrf_token": CSRF.search(page.text).group(1), "decision": decision})
+            "csrf_token": CSRF.search(page.text).group(1), "decision": decision,
+            "granted": ticked(page.text, tick)})
 
     def close(self) -> None:
         self.http.close()
@@ -117,12 +121,13 @@ class Flow:
 
     person: Person
     decision: str = "allow"
+    tick: tuple[str, ...] = ()  # boxes the person ticks beyond what the app asked for
     authorize_urls: list[str] = field(default_factory=list)
     callback: dict[str, list[str]] = field(default_factory=dict)
 
     async def redirect_handler(self, authorization_url: str) -> None:
         self.authorize_urls.append(authorization_url)
-        answer = self.person.consent(authorization_url, self.decision)
+        answer = self.person.consent(authorization_url, self.decision, self.tick)
         assert answer.status_code == 302, answer.status_code
         location = answer.headers["location"]
         assert location.startswith(REDIRECT_URI), location

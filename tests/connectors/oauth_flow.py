@@ -14,6 +14,18 @@ REDIRECT_URI = "http://127.0.0.1:33418/callback"
 RESOURCE = "http://localhost/mcp"  # the test app's SERVER_NAME is localhost
 CSRF = re.compile(r'name="csrf_token"[^>]*value="([^"]+)"')
 ACTION = re.compile(r'<form id="consent" method="post" action="([^"]+)"')
+BOX = re.compile(r'<input[^>]*type="checkbox" name="granted" value="([^"]+)"([^>]*)>')
+
+
+def boxes(html: str) -> dict[str, bool]:
+    """The consent page's boxes: each scope offered, and whether it is ticked."""
+    return {scope: " checked" in rest for scope, rest in BOX.findall(html)}
+
+
+def ticked(html: str, tick: tuple[str, ...] = (), untick: tuple[str, ...] = ()) -> list[str]:
+    """What a person sends who leaves the boxes as they are, but for ``tick``/``untick``."""
+    return [scope for scope, on in boxes(html).items()
+            if (on or scope in tick) and scope not in untick]
 
 
 def pkce() -> tuple[str, str]:
@@ -47,13 +59,17 @@ def authorize_url(client_id: str, challenge: str, *, scope: str = "memory:read m
     return "/oauth/authorize?" + urlencode({k: v for k, v in params.items() if v is not None})
 
 
-def answer_consent(client, url: str, decision: str = "allow"):
+def answer_consent(client, url: str, decision: str = "allow", *,
+                   tick: tuple[str, ...] = (), untick: tuple[str, ...] = ()):
+    """Open the consent page and answer it as a person would: the boxes as they come,
+    but for ``tick`` and ``untick``."""
     page = client.get(url)
     assert page.status_code == 200, page.get_data(as_text=True)[:400]
     html = page.get_data(as_text=True)
     action = ACTION.search(html).group(1).replace("&amp;", "&")
     return client.post(action, data={"csrf_token": CSRF.search(html).group(1),
-                                     "decision": decision})
+                                     "decision": decision,
+                                     "granted": ticked(html, tick, untick)})
 
 
 def callback(answer) -> dict[str, str]:
@@ -63,9 +79,10 @@ def callback(answer) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlsplit(location).query).items()}
 
 
-def authorise(client, client_id: str, **kwargs) -> Authorised:
+def authorise(client, client_id: str, *, tick: tuple[str, ...] = (), **kwargs) -> Authorised:
     verifier, challenge = pkce()
-    params = callback(answer_consent(client, authorize_url(client_id, challenge, **kwargs)))
+    params = callback(answer_consent(client, authorize_url(client_id, challenge, **kwargs),
+                                     tick=tick))
     return Authorised(params["code"], verifier, params["state"])
 
 

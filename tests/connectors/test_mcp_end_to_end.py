@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import httpx2
@@ -112,13 +113,21 @@ def test_the_first_call_meets_a_401_naming_the_resource_metadata(app):
         assert server["registration_endpoint"] == f"{live.url}/oauth/register"
 
 
+# The SDK asks for what the protected-resource metadata advertises (reading and saving);
+# forgetting needs memory:delete, which the person ticks on the consent page.
+TICK = ("memory:delete",)
+
+
 def test_dynamic_registration_then_save_build_search_forget(app):
     with live_app() as live:
         person = Person(live.url, live.email)
-        flow, storage = Flow(person), Storage()
+        flow, storage = Flow(person, tick=TICK), Storage()
         run = anyio.run(save_build_search_forget, live, flow, storage)
         person.close()
         assert len(flow.authorize_urls) == 1  # one consent, then the token carried it
+        asked = parse_qs(urlsplit(flow.authorize_urls[0]).query)["scope"]
+        assert asked == ["memory:read memory:write"]  # what the metadata advertises
+        assert storage.tokens.scope == "memory:read memory:write memory:delete"  # ticked
         assert storage.client.client_id.startswith("opc_")  # registered by DCR
         check_run(run, live, "claude", "Claude (test)")
 
@@ -128,7 +137,7 @@ def test_a_client_id_metadata_document_then_save_build_search_forget(app, tmp_pa
             live_app(OAUTH_CLIENT_METADATA_CA=str(document.ca_file),
                      OAUTH_CLIENT_METADATA_ALLOW_PRIVATE=True) as live:
         person = Person(live.url, live.email)
-        flow, storage = Flow(person), Storage()
+        flow, storage = Flow(person, tick=TICK), Storage()
         run = anyio.run(lambda: save_build_search_forget(
             live, flow, storage, metadata=client_metadata("ChatGPT (test)"),
             client_metadata_url=document.url))

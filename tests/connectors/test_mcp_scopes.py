@@ -77,23 +77,25 @@ def live(app):
 
 
 def connection(live, scopes: list[str]) -> str:
-    """An access token of a connection holding exactly ``scopes`` (memory:hard_delete
-    given by an admin, as only an admin may)."""
+    """An access token that may do exactly ``scopes``: what it asked for, within its
+    connection (memory:hard_delete given by an admin, as only an admin may; a person
+    ticks at least one scope of their own, so a token for hard_delete alone asks for
+    just that of a connection that also reads)."""
     with live.app.app_context():
         session = db.session
         client, _ = services.register_client(session, {
             "client_name": "Scoped app", "redirect_uris": [REDIRECT_URI],
             "token_endpoint_auth_method": "none"})
+        ticked = [s for s in scopes if s != HARD_DELETE] or ["memory:read"]
         grant = services.consent(session, user=session.get(User, live.user_id), client=client,
-                                 scopes=[s for s in scopes if s != HARD_DELETE],
-                                 resource=f"{live.url}/mcp", allowed=True)
+                                 scopes=ticked, resource=f"{live.url}/mcp", allowed=True)
         if HARD_DELETE in scopes:
             assert services.grant_hard_delete(
                 session, grant, actor=Actor.of(session.get(User, live.admin_id)))
         access = services.new_secret(services.ACCESS_PREFIX)
         services.store_tokens(session, grant, access=access, refresh=None, scopes=scopes,
                               lifetimes=services.Lifetimes())
-        assert sorted(grant.scopes) == sorted(scopes)
+        assert services.allowed_scopes(scopes, grant) == scopes
         session.commit()
         session.remove()
     return access

@@ -5,7 +5,10 @@ are expired, revoked or rotated out (a rotated one used again revokes the whole 
 
 from __future__ import annotations
 
+import html
+import re
 from datetime import UTC, datetime, timedelta
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from sqlalchemy import select, update
@@ -27,12 +30,7 @@ from tests.connectors.oauth_flow import (
 )
 from tests.factories import make_user
 
-
-@pytest.fixture
-def signed_in(client, auth, db_session):
-    user = make_user(db_session)
-    assert auth.login(user.email).status_code == 302
-    return user
+RETURN_LINK = re.compile(r'<a id="return-link" href="([^"]+)"')
 
 
 def grant_of(db_session, user) -> OAuthGrant:
@@ -138,12 +136,17 @@ def test_an_unknown_client_is_refused_here(client, signed_in):
     ({"resource": "https://elsewhere.example/mcp"}, "invalid_target"),
     ({"scope": "memory:read memory:everything"}, "invalid_scope"),
 ])
-def test_a_request_without_pkce_s256_or_for_another_resource_goes_back_with_its_error(
+def test_a_request_without_pkce_s256_or_for_another_resource_is_refused_with_its_error(
         client, signed_in, change, error):
+    """A self-registered app's redirect URI is unverified: the error is shown here, with
+    a link back that carries it (tests/connectors/test_redirects.py has the rest)."""
     client_id = register(client)["client_id"]
     _, challenge = pkce()
     answer = client.get(authorize_url(client_id, challenge, **change))
-    assert callback(answer)["error"] == error
+    assert answer.status_code == 400 and "Location" not in answer.headers
+    link = html.unescape(RETURN_LINK.search(answer.get_data(as_text=True)).group(1))
+    assert link.startswith(REDIRECT_URI + "?")
+    assert parse_qs(urlsplit(link).query)["error"] == [error]
 
 
 # -- the code -------------------------------------------------------------------------------
