@@ -345,3 +345,42 @@ def attribute(session: Session, reach: Reach, memories: Iterable[Memory]
             client_id=client.client_id if client else None,
             client_claim=(memory.client_name or client.name) if client else None)
     return out
+
+
+# -- leaving and erasure ---------------------------------------------------------------------
+
+# Erasures a team's policy or a person's own request makes: as retention's purges, every
+# scope (the rule that asks is the team's or the person's, not a credential's).
+ERASER_SCOPES = list(services.SCOPE_FOR_OPERATION.values())
+
+
+def erase_authored(session: Session, team_id: int, author_id: int, *, actor: Actor,
+                   reason: str) -> list[services.Receipt]:
+    """Hard delete every memory ``author_id`` saved to the team (a leaver under an
+    "erase" policy, or the person's own request), each with its receipt; under a legal
+    hold on the team each becomes a pending receipt (recall stops at once)."""
+    ids = list(session.scalars(select(Memory.id).where(
+        Memory.owner_id == team_id, Memory.author_id == author_id).order_by(Memory.id)))
+    receipts = []
+    for memory_id in ids:
+        memory = session.get(Memory, memory_id)
+        if memory is None or _waiting(session, memory):
+            continue
+        receipts.append(services.forget_memory(
+            session, team_id, memory_id, mode="hard_delete", actor=actor,
+            scopes=ERASER_SCOPES, reason=reason))
+    return receipts
+
+
+def _waiting(session: Session, memory: Memory) -> bool:
+    return session.scalar(select(ForgetMarker.id).where(
+        ForgetMarker.memory_id == memory.id, ForgetMarker.pending_hold,
+        ForgetMarker.completed_by_id.is_(None)).limit(1)) is not None
+
+
+def authored_in_teams(session: Session, author_id: int) -> list[Memory]:
+    """What a person saved to teams (every status), for their own export and erasure."""
+    return list(session.scalars(
+        select(Memory).join(User, User.id == Memory.owner_id)
+        .where(Memory.author_id == author_id, User.kind == "team")
+        .order_by(Memory.created_at, Memory.id)))

@@ -493,22 +493,27 @@ def receipt_of(session: Session, marker: ForgetMarker, *,
                            for c in marker.copies} if marker.copies is not None else None)
 
 
-def find_receipt(session: Session, owner_id: int, marker_id: object, *,
+def _owner_in(column: Any, owner_ids: int | Sequence[int]) -> Any:
+    return column == owner_ids if isinstance(owner_ids, int) else column.in_(owner_ids)
+
+
+def find_receipt(session: Session, owner_ids: int | Sequence[int], marker_id: object, *,
                  scopes: Scopes = None) -> Receipt:
-    """The owner's erasure receipt ``marker_id`` (404 alike for someone else's)."""
+    """The owner's (or one of the owners': a person's teams) erasure receipt
+    ``marker_id`` (404 alike for someone else's)."""
     check_scope(scopes, "receipts")
     # ASCII digits within the integer column only: "١", "1_0" or 2**40 name no marker.
     id_ = marker_id if type(marker_id) is int else parse_id(str(marker_id))
     marker = session.scalars(select(ForgetMarker).where(
-        ForgetMarker.id == id_, ForgetMarker.owner_id == owner_id)).first() \
+        ForgetMarker.id == id_, _owner_in(ForgetMarker.owner_id, owner_ids))).first() \
         if id_ is not None and 0 < id_ <= INT4_MAX else None
     if marker is None:
         raise MemoryNotFound("There is no such erasure receipt among yours.")
     return receipt_of(session, marker)
 
 
-def receipts_of_memory(session: Session, owner_id: int, memory_id: object, *,
-                       scopes: Scopes = None) -> list[Receipt]:
+def receipts_of_memory(session: Session, owner_ids: int | Sequence[int], memory_id: object,
+                       *, scopes: Scopes = None) -> list[Receipt]:
     check_scope(scopes, "receipts")
     parsed = parse_memory_id(memory_id)
     if parsed is None:
@@ -516,7 +521,8 @@ def receipts_of_memory(session: Session, owner_id: int, memory_id: object, *,
     rows = session.execute(
         select(ForgetMarker, AuditEvent.hash)
         .outerjoin(AuditEvent, AuditEvent.id == ForgetMarker.audit_event_id)
-        .where(ForgetMarker.memory_id == parsed, ForgetMarker.owner_id == owner_id)
+        .where(ForgetMarker.memory_id == parsed,
+               _owner_in(ForgetMarker.owner_id, owner_ids))
         .order_by(ForgetMarker.id))
     return [receipt_of(session, marker, audit_hash=hash_) for marker, hash_ in rows]
 
