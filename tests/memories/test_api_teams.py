@@ -256,8 +256,8 @@ def test_sharing_copies_a_personal_memory_to_the_team_with_its_provenance(pilot)
         "pilot", "Standup is at 9:30.", pilot.member.id)
     row = pilot.session.get(Memory, uuid.UUID(shared["id"]))
     assert (row.owner_id, row.shared_from_id) == (pilot.team.id, uuid.UUID(own["id"]))
-    event = pilot.session.scalars(select(AuditEvent).where(
-        AuditEvent.action == "memory.share")).one()
+    event = pilot.session.scalars(select(AuditEvent).where(  # the log keeps every run's
+        AuditEvent.action == "memory.share", AuditEvent.target_id == shared["id"])).one()
     assert event.details == {"from": own["id"], "team": pilot.team.id}
     # A reader may not; a team out of reach is the unknown-team 404; a forgotten
     # memory is a conflict; "personal" names no team.
