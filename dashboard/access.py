@@ -6,13 +6,13 @@ them)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Integer, column, select, table, tuple_
+from sqlalchemy import Integer, String, column, literal, select, table, tuple_
 
 
 class Action(StrEnum):
@@ -142,3 +142,45 @@ def members_among(session: Any, pairs: set[tuple[int, int]]) -> set[tuple[int, i
     return {tuple(row) for row in session.execute(  # type: ignore[misc]
         select(_MEMBERS.c.team_id, _MEMBERS.c.user_id).where(
             tuple_(_MEMBERS.c.team_id, _MEMBERS.c.user_id).in_(list(pairs))))}
+
+
+# What a key or an app chosen for a team must satisfy, read here for the same reason: the
+# team's name, its longest key lifetime, its app policy and whether it lists an app.
+_TEAMS = table("teams", column("id", Integer), column("slug", String), column("name", String),
+               column("max_key_days", Integer), column("app_policy", String))
+_TEAM_APPS = table("team_apps", column("team_id", Integer), column("client_pk", Integer))
+
+
+@dataclass(frozen=True)
+class TeamTerms:
+    """A team's terms for a credential: a key's longest life (``max_key_days``, None: no
+    limit), and whether an app must be on the team's list (``app_listed``: it is)."""
+
+    team_id: int
+    slug: str
+    name: str
+    max_key_days: int | None
+    app_policy: str
+    app_listed: bool
+
+    @property
+    def app_needs_approval(self) -> bool:
+        return self.app_policy != "any" and not self.app_listed
+
+
+def team_terms(session: Any, team_ids: Iterable[int], *, client_pk: int | None = None
+               ) -> dict[int, TeamTerms]:
+    """The terms of the teams ``team_ids`` (those that exist), in one query; for an app
+    (``client_pk``), whether each team lists it."""
+    ids = sorted({int(i) for i in team_ids})
+    if not ids:
+        return {}
+    listed = select(_TEAM_APPS.c.team_id).where(
+        _TEAM_APPS.c.team_id == _TEAMS.c.id, _TEAM_APPS.c.client_pk == client_pk
+    ).exists() if client_pk is not None else literal(False)
+    return {row.id: TeamTerms(row.id, row.slug, row.name, row.max_key_days, row.app_policy,
+                              bool(row.listed))
+            for row in session.execute(
+                select(_TEAMS.c.id, _TEAMS.c.slug, _TEAMS.c.name, _TEAMS.c.max_key_days,
+                       _TEAMS.c.app_policy, listed.label("listed"))
+                .where(_TEAMS.c.id.in_(ids)))}

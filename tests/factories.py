@@ -148,15 +148,17 @@ def insert_memory(session, owner, content: str, *, created_at: datetime,
 
 def make_key(session, owner, *, scopes: Iterable[str] = ("memory:read", "memory:write"),
              name: str = "test client", actor: Actor | None = None,
-             expires_at: datetime | None = None) -> tuple[ApiKey, str]:
-    """A key of ``owner`` made through the service, and its secret. ``memory:hard_delete``
-    among the scopes is granted as an admin would (the owner may not pick it)."""
+             expires_at: datetime | None = None, team_ids: Iterable[int] = ()
+             ) -> tuple[ApiKey, str]:
+    """A key of ``owner`` made through the service, and its secret, acting for the teams
+    ``team_ids`` names. ``memory:hard_delete`` among the scopes is granted as an admin
+    would (the owner may not pick it)."""
     scopes = list(scopes)
     elevated = "memory:hard_delete" in scopes
     key, raw = create_key(session, owner=owner, name=name,
                           scopes=[s for s in scopes if s != "memory:hard_delete"] or
                           ["memory:read"], expires_at=expires_at,
-                          actor=actor or Actor.of(owner))
+                          actor=actor or Actor.of(owner), team_ids=team_ids)
     if elevated:
         key.scopes = [*key.scopes, "memory:hard_delete"]
         session.flush()

@@ -7,6 +7,7 @@ claim). docs/architecture/teams.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -344,6 +345,42 @@ def attribute(session: Session, reach: Reach, memories: Iterable[Memory]
             key_prefix=key.prefix if key else None,
             client_id=client.client_id if client else None,
             client_claim=(memory.client_name or client.name) if client else None)
+    return out
+
+
+def owner_label(reach: Reach, owner_id: int) -> str:
+    """Whose memory, as answers name it: ``personal``, or the team's slug."""
+    seat = reach.seat_of(owner_id)
+    return seat.slug if seat is not None else PERSONAL
+
+
+def described(session: Session, reach: Reach, memories: Iterable[Memory]
+              ) -> list[dict[str, Any]]:
+    """Each memory as the API and the MCP tools answer with it: its fields, whose it is
+    (``owner``) and who saved it with what (``attribution``), three queries in all."""
+    memories = list(memories)
+    said = attribute(session, reach, memories)
+    return [{**services.memory_dict(m), "owner": said[m.id].owner,
+             "attribution": said[m.id].to_dict()} for m in memories]
+
+
+def described_hits(session: Session, reach: Reach, hits: Iterable[Recalled]
+                   ) -> list[dict[str, Any]]:
+    """Search results as answers give them: each names whose memory it is (``owner``)
+    and, for a saved memory, who saved it with what (``attribution``)."""
+    hits = list(hits)
+    ids = {uuid.UUID(h.memory_id) for h in hits if h.memory_id}
+    memories = list(session.scalars(select(Memory).where(
+        Memory.id.in_(ids), Memory.owner_id.in_(reach.owner_ids)))) if ids else []
+    said = attribute(session, reach, memories)
+    out = []
+    for hit in hits:
+        row = dataclasses.asdict(hit)
+        del row["owner_id"]  # named by the owner label: an account id says nothing
+        attribution = said.get(uuid.UUID(hit.memory_id)) if hit.memory_id else None
+        row["owner"] = owner_label(reach, hit.owner_id)
+        row["attribution"] = attribution.to_dict() if attribution is not None else None
+        out.append(row)
     return out
 
 
