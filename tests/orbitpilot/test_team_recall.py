@@ -1,23 +1,27 @@
 """The chat recalls across a person's teams: one search over their own memory and every
 team they are in, each "Drew on" item saying whose it is (and, for a team's saved memory,
 who saved it through which credential), the built-in answer naming the team, a removed
-member's next answer drawing on nothing of the team."""
+member's next answer drawing on nothing of the team, and an erasure of a team's memory
+reaching every member's replies, records and exports."""
 
 from __future__ import annotations
 
 import logging
 import uuid
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from dashboard.access import reach_of
 from dashboard.audit.services import Actor
+from dashboard.auth.models import User
+from dashboard.exports import DataExport, build_export, request_export
 from dashboard.memories import reach as reached
-from dashboard.memories.services import SCOPE_FOR_OPERATION
+from dashboard.memories.services import SCOPE_FOR_OPERATION, forget_memory
 from dashboard.memory import get_embedder
-from dashboard.orbitpilot.models import ReplyRecall
+from dashboard.orbitpilot.models import Message, ReplyRecall
 from dashboard.orbitpilot.responder import BuiltinResponder
 from dashboard.orbitpilot.services import conversation_messages, send_message
+from dashboard.sources import SAVED
 from dashboard.teams import services as teams
 from tests.factories import build, make_connection, make_key, make_plan, make_team, make_user
 from tests.orbitpilot.conftest import send
@@ -145,3 +149,32 @@ def test_the_chat_page_reads_drew_on_in_the_same_queries_for_one_team_item_or_th
     one, three = cost(1), cost(4)
     assert (one[0], three[0]) == (1, 3)
     assert one[1] == three[1]
+
+
+def test_erasing_a_team_memory_reaches_each_members_replies_records_and_exports(db_session):
+    canary = uuid.uuid4().hex
+    lead, member, team, _key, shared, _own = _pilot(db_session, canary)
+    other = make_user(db_session, plan=make_plan(db_session, cap=5))
+    db_session.add(teams.TeamMember(team_id=team.id, user_id=other.id, role="reader"))
+    db_session.flush()
+    replies = [send_message(db_session, responder=BuiltinResponder(), user_id=person.id,
+                            text=f"Heron {canary}", embedder=get_embedder("hashing"))
+               for person in (member, other)]
+    assert all("billing rewrite" in r.reply.content for r in replies)
+    exports = {}
+    for person in (member, other, lead):  # the lead is the memory's author
+        export, _ = request_export(db_session, person, interval=0)
+        assert build_export(db_session, export.id) == "ready"
+        exports[person.id] = export.id
+
+    receipt = forget_memory(db_session, team.id, shared.id, mode="hard_delete",
+                            actor=Actor.of(lead), scopes=ALL_SCOPES)
+    assert receipt.copies["replies"] == {"removed": 2, "left": 0}
+    assert receipt.copies["drew_on"] == {"removed": 2, "left": 0}
+    assert receipt.copies["exports"] == {"removed": 3, "left": 0}
+    for exchange in replies:  # the quote is gone from each member's reply
+        assert "billing rewrite" not in db_session.get(Message, exchange.reply.id).content
+    assert db_session.scalar(select(func.count()).select_from(ReplyRecall).where(
+        ReplyRecall.owner_id == team.id, ReplyRecall.source_key == SAVED)) == 0
+    assert {db_session.get(DataExport, e).status for e in exports.values()} == {"withdrawn"}
+    assert db_session.get(User, team.id).kind == "team"
