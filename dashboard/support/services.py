@@ -309,10 +309,10 @@ def user_trace(session: Session, user_id: int) -> UserTrace | None:
         legal_hold=(hold.placed_at, hold.ends_at) if (hold := active_hold(session, user.id))
         else None,
         kind=user.kind,
-        teams=tuple(session.execute(
+        teams=tuple((row.id, row.slug, row.name, row.role) for row in session.execute(
             select(Team.id, Team.slug, Team.name, TeamMember.role)
             .join(TeamMember, TeamMember.team_id == Team.id)
-            .where(TeamMember.user_id == user.id).order_by(Team.name, Team.id)).tuples())
+            .where(TeamMember.user_id == user.id).order_by(Team.name, Team.id)))
         if user.kind == "person" else (),
     )
 
