@@ -378,7 +378,7 @@ def _saved_by(session: Session, reach: Reach, items: list[tuple[str, int]]
     if not ids:
         return {}
     memories = list(session.scalars(select(Memory).where(
-        Memory.id.in_(ids), Memory.owner_id.in_({owner for _, owner in items}))))
+        Memory.id.in_(ids), Memory.owner_id.in_(sorted({owner for _, owner in items})))))
     said = attribute(session, reach, memories)
     out = {}
     for memory in memories:

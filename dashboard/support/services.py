@@ -124,7 +124,6 @@ class UserMatch:
     id: int
     email: str
     role: str
-    kind: str = "person"
 
 
 def _like_prefix(text: str) -> str:
@@ -159,8 +158,8 @@ def find_users(session: Session, query: str, *,
     text = query.strip()
     user_id = parse_id(text)  # digits past users.id's integer: no user
     if user_id is not None:
-        rows = session.execute(select(User.id, User.email, User.role, User.kind)
-                               .where(User.id == user_id)).all()
+        rows = session.execute(select(User.id, User.email, User.role)
+                               .where(User.id == user_id, User.kind == "person")).all()
         return [UserMatch(*row) for row in rows], False
     statement = match_query(text, limit=limit + 1)
     if statement is None:

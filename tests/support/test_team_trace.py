@@ -63,6 +63,7 @@ def test_a_team_is_found_by_its_name_its_slug_or_a_members_email(db_session, wor
     assert find_teams(db_session, "zz")[0] == []  # too short
     # A team's account is not listed among users (it is the team, found as such).
     assert team.id not in {u.id for u in find_users(db_session, "pilot")[0]}
+    assert find_users(db_session, str(team.id))[0] == []
 
 
 def test_support_reads_a_teams_trace_without_content(client, auth, db_session, world):
