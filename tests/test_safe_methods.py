@@ -26,6 +26,7 @@ from tests.factories import (
     make_key,
     make_memory,
     make_plan,
+    make_team,
     make_user,
 )
 
@@ -45,7 +46,8 @@ class World:
 @pytest.fixture
 def world(db_session) -> World:
     """Everything a GET could touch, owned by the walking user: a Blink, a document, a
-    profile fact, a key, a conversation, a memory with a receipt, a build."""
+    profile fact, a key, a conversation, a memory with a receipt, a build, a team they
+    lead."""
     plan = make_plan(db_session, name="Safe plan")
     emails = {role: make_user(db_session, role=role, email=f"safe-{role}@example.test").email
               for role in ("support", "admin")}
@@ -64,6 +66,7 @@ def world(db_session) -> World:
     receipt = forget_memory(db_session, owner.id, gone.id, mode="soft_delete", actor=SYSTEM)
     build = make_build_record(owner)
     db_session.add(build)
+    team = make_team(db_session, owner, slug="safe-team", name="Safe team")
     # Committed (a savepoint released): a request that rolls back keeps these rows.
     db_session.commit()
     ids = {"blinks": blink.id, "documents": document.id, "profile": fact.id, "keys": key.id,
@@ -71,7 +74,8 @@ def world(db_session) -> World:
            "markers": receipt.marker_id, "audit": 1, "connections": connection.id}
     args = {"memory_id": memory.id, "marker_id": receipt.marker_id,
             "conversation_id": conversation.id, "user_id": owner.id, "export_type": "csv",
-            "filename": "admin-csp.js", "grant_id": connection.id}
+            "filename": "admin-csp.js", "grant_id": connection.id, "team_id": team.id,
+            "slug": team.slug}
     return World(emails, secret, ids, args)
 
 

@@ -176,6 +176,10 @@ def update_account(session: Session, user: User, *, role: str, plan_id: int | No
     whether it may sign in, audited with before/after. A plan switch requests the
     user's build (``memory.changes``)."""
     validate_role(role)
+    if user.kind == "team" and role != "user":
+        raise AccountError("This is a team's account: it holds the team's memory and nobody "
+                           "signs in as it, so it cannot have a staff role. Give the role "
+                           "to a person instead.", "role")
     _keep_an_admin(session, user, role=role, active=active)
     before = _account_values(user)
     user.role, user.plan_id, user.active = role, plan_id, bool(active)
