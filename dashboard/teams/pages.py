@@ -632,7 +632,9 @@ def audit(slug: str):
         abort(400, "A page is either before or after a position, not both.")
     page = reads.team_events(db.session, team.id, filters, before=before, after=after,
                              limit=reads.AUDIT_PAGE)
-    members = [(m.user_id, m.user.email) for m in services.members_of(db.session, team.id)]
+    members = db.session.execute(
+        select(User.id, User.email).join(TeamMember, TeamMember.user_id == User.id)
+        .where(TeamMember.team_id == team.id).order_by(User.email)).all()
     return render_template("teams/audit.html", team=team, me=me, seat=_seat(team, me),
                            page=page, filters=filters, actions=ACTIONS, members=members,
                            kinds=reads.ACTOR_KINDS, moved=before is not None

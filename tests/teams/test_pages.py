@@ -28,7 +28,7 @@ from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
 from dashboard.sources import SAVED
 from dashboard.teams import services as teams
-from dashboard.teams.models import Team, TeamApp, TeamInvitation
+from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember
 from tests.conftest import AuthActions, csrf_from
 from tests.factories import build, make_connection, make_key, make_team, make_user
 from tests.races import apart
@@ -886,3 +886,37 @@ def test_a_post_on_a_team_page_is_the_members_last_activity(app, client, db_sess
     home = Browser(app, pilot.people["owner"]).get("/teams/pilot/").get_data(as_text=True)
     row = home[home.index(f'id="member-{member.id}"'):].split("</li>")[0]
     assert "<dd class=\"col-sm-9\" data-last-activity>today</dd>" in row
+
+
+# -- what a page costs ------------------------------------------------------------------------
+
+def grow(db_session, pilot: Pilot, n: int) -> None:
+    """``n`` more members, each with a key naming the team and a memory saved through it."""
+    for _ in range(n):
+        person = make_user(db_session)
+        db_session.add(TeamMember(team_id=pilot.team.id, user_id=person.id, role="member"))
+        db_session.flush()
+        key, _ = make_key(db_session, person)
+        key.team_ids = [pilot.team.id]
+        reached.save_for(db_session, reach_of(db_session, person.id), team="pilot",
+                         content="A note.", actor=Actor("api_key", str(key.id)),
+                         api_key_id=key.id)
+    db_session.commit()
+
+
+@pytest.mark.parametrize("path", ["/teams/pilot/", "/teams/pilot/access",
+                                  "/teams/pilot/memories/", "/teams/pilot/audit"])
+def test_a_team_page_costs_the_same_queries_for_3_and_30_members(app, client, db_session,
+                                                                 pilot, count_queries, path):
+    browser = Browser(app, pilot.people["owner"])
+
+    def cost() -> int:
+        db_session.expire_all()
+        with count_queries() as counted:
+            assert browser.get(path).status_code == 200
+        return counted.count
+
+    grow(db_session, pilot, 3)
+    few = cost()
+    grow(db_session, pilot, 27)
+    assert cost() == few
