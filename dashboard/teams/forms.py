@@ -52,8 +52,9 @@ def _radios(name: str, label: str, allowed: tuple[str, ...]) -> RadioField:
 
 
 class SettingsForm(FlaskForm):
-    write_policy = _radios("write_policy", "Who may save and share to the team", WRITE_POLICIES)
-    forget_policy = _radios("forget_policy", "Who may change, forget or redact a team memory",
+    write_policy = _radios("write_policy", "Who may save and share to the team (and change "
+                           "what they saved)", WRITE_POLICIES)
+    forget_policy = _radios("forget_policy", "Who may forget or redact a team memory",
                             FORGET_POLICIES)
     app_policy = _radios("app_policy", "Which connected apps may act for the team",
                          APP_POLICIES)
