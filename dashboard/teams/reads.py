@@ -372,7 +372,7 @@ def _filtered(team_id: int, filters: AuditFilters) -> Any:
     if filters.since:
         query = query.where(AuditEvent.occurred_at >= datetime.combine(filters.since, time(),
                                                                        UTC))
-    if filters.until:
+    if filters.until and filters.until < date.max:  # to the end of time: no bound
         query = query.where(AuditEvent.occurred_at < datetime.combine(
             filters.until + timedelta(days=1), time(), UTC))
     return query

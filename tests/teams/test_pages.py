@@ -820,6 +820,9 @@ def test_the_audit_page_filters_by_action_actor_and_date(app, client, db_session
     assert 'id="no-events"' not in admin.get(
         f"/teams/pilot/audit?since={today.isoformat()}&until={today.isoformat()}").get_data(
         as_text=True)
+    # The ends of the calendar are dates too (not a 500).
+    assert 'id="no-events"' not in admin.get(
+        "/teams/pilot/audit?since=0001-01-01&until=9999-12-31").get_data(as_text=True)
     csv_rows = list(csv.DictReader(io.StringIO(admin.get(
         "/teams/pilot/audit.csv?action=team.invite").get_data(as_text=True))))
     assert {r["action"] for r in csv_rows} == {"team.invite"}
