@@ -923,3 +923,33 @@ def test_a_team_page_costs_the_same_queries_for_3_and_30_members(app, client, db
     few = cost()
     grow(db_session, pilot, 27)
     assert cost() == few
+
+
+def test_leaving_under_the_erase_policy_erases_what_the_leaver_saved(app, client,
+                                                                      db_session, pilot):
+    member = pilot.people["member"]
+    pilot.team.leaver_policy = "erase"
+    saved = reached.save_for(db_session, reach_of(db_session, member.id), team="pilot",
+                             content="Mine to take with me.", actor=Actor.of(member)).memory
+    db_session.commit()
+    browser = Browser(app, member)
+    asked = html.unescape(browser.get("/teams/pilot/leave").get_data(as_text=True))
+    assert "the 1 memory you saved to the team is erased for good" in asked
+    assert browser.post("/teams/pilot/leave", token_from="/teams/pilot/").status_code == 303
+    assert db_session.get(Memory, saved.id) is None
+    marker = db_session.scalars(select(ForgetMarker).where(
+        ForgetMarker.memory_id == saved.id)).one()
+    assert (marker.mode, marker.owner_id) == ("hard_delete", pilot.team.id)
+    assert events(db_session, pilot.team.id, "team.leave")[-1].details["erased"] == 1
+
+
+def test_a_guest_accepting_is_sent_to_sign_in_first(app, client, db_session, pilot):
+    owner = teams.membership(db_session, pilot.team.id, pilot.people["owner"].id)
+    invited = teams.invite(db_session, pilot.team, owner, email="guest@example.test",
+                           role="member", actor=Actor.of(pilot.people["owner"]))
+    db_session.commit()
+    guest = Browser(app)
+    path = f"/teams/join/{invited.token}"
+    answer = guest.post(path, token_from="/auth/signin")
+    assert answer.status_code == 302 and "/auth/signin" in answer.headers["Location"]
+    assert db_session.get(TeamInvitation, invited.invitation.id).accepted_at is None
