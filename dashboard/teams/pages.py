@@ -145,9 +145,15 @@ def ago(moment: datetime | None) -> str:
     return f"{days // 30} months ago" if days < 730 else f"{days // 365} years ago"
 
 
+# The team export's page (the exports package's, for owners and admins), when the app has
+# one: the team nav links it.
+TEAM_EXPORT = "exports.team"
+
+
 @bp.app_context_processor
 def team_words() -> dict[str, Any]:
-    return {"ROLE_WORDS": ROLE_WORDS, "TEAM_ROLES": ROLES}
+    export = TEAM_EXPORT if TEAM_EXPORT in current_app.view_functions else None
+    return {"ROLE_WORDS": ROLE_WORDS, "TEAM_ROLES": ROLES, "TEAM_EXPORT_ENDPOINT": export}
 
 
 @bp.after_app_request
