@@ -20,6 +20,8 @@ from dashboard.access import Action, Credential, Reach, TeamSeat, may
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.auth.services import EMAIL_RE, normalise_email
+from dashboard.memories.reach import erase_authored
+from dashboard.memories.services import Receipt
 from dashboard.refusals import Conflict, FieldError, Forbidden, Gone, NotFound
 from dashboard.teams.models import (
     APP_POLICIES,
@@ -38,10 +40,14 @@ INVITATION_DAYS = 7
 INVITATION_PREFIX = "opti_"
 MAX_NAME = 120
 SLUG_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,38}[a-z0-9]")
+# Addresses under /teams/ that are pages, not teams.
+RESERVED_SLUGS = frozenset({"join"})
 # Last activity is for people to read ("today", "3 days ago"): a write a minute is plenty.
 ACTIVITY_RESOLUTION = timedelta(minutes=1)
 # The words every caller who is not a member gets, whether the team exists or not.
 NO_SUCH_TEAM = "You are in no team with that name."
+# The reason a leaver-policy erasure's receipts give (our words, not anyone's input).
+LEAVER_ERASED = "Left the team, whose leaver policy erases what a leaver saved."
 
 
 class TeamError(FieldError):
@@ -81,6 +87,8 @@ def check_slug(slug: object) -> str:
         raise TeamError("Use 3 to 40 lower-case letters, digits and single hyphens, "
                         "starting and ending with a letter or digit (e.g. pilot-2026).",
                         "slug")
+    if text in RESERVED_SLUGS:
+        raise TeamError("That name is taken: choose another.", "slug")
     return text
 
 
@@ -158,9 +166,9 @@ def team_for(session: Session, user_id: int, slug: object, *,
 
 def teams_of(session: Session, user_id: int) -> list[tuple[Team, TeamMember]]:
     """The user's teams, by name."""
-    return list(session.execute(
+    return [(team, member) for team, member in session.execute(
         select(Team, TeamMember).join(TeamMember, TeamMember.team_id == Team.id)
-        .where(TeamMember.user_id == user_id).order_by(Team.name, Team.id)).tuples())
+        .where(TeamMember.user_id == user_id).order_by(Team.name, Team.id))]
 
 
 def members_of(session: Session, team_id: int) -> list[TeamMember]:
@@ -280,13 +288,16 @@ class Removal:
     user_id: int
     role: str
     erase: bool  # the team's policy erases a leaver's contributions
+    receipts: tuple[Receipt, ...] = ()  # what that erasure did, one receipt per memory
 
 
 def remove_member(session: Session, team: Team, by: TeamMember, user_id: int, *,
                   actor: Actor) -> Removal:
     """An owner or admin removes a member, or a member leaves (``by`` is them). Their
     team access ends with this commit: every call computes it anew. The last owner
-    cannot leave or be removed; an admin cannot remove an owner."""
+    cannot leave or be removed; an admin cannot remove an owner. Under the leaver policy
+    "erase", what they saved to the team is hard-deleted in the same transaction, each
+    with its receipt (pending under a legal hold on the team)."""
     leaving = by.user_id == user_id
     if not leaving and not may(seat_of(team, by), Action.REMOVE):
         raise RoleTooLow("Only the team's owners and admins can remove members.")
@@ -299,13 +310,16 @@ def remove_member(session: Session, team: Team, by: TeamMember, user_id: int, *,
     if member.role == "owner" and _owners(session, team.id) == 1:
         raise LastOwner("The team's last owner cannot leave: make someone else an owner "
                         "first.")
-    role = member.role
+    role, erase = member.role, team.leaver_policy == "erase"
     session.delete(member)
     session.flush()
+    receipts = tuple(erase_authored(session, team.id, user_id, actor=actor,
+                                    reason=LEAVER_ERASED)) if erase else ()
     record_event(session, action="team.leave" if leaving else "team.remove", actor=actor,
                  owner_id=team.id, target_type="team_member", target_id=str(user_id),
-                 details={"team": team.id, "role": role, "policy": team.leaver_policy})
-    return Removal(user_id, role, team.leaver_policy == "erase")
+                 details={"team": team.id, "role": role, "policy": team.leaver_policy,
+                          **({"erased": len(receipts)} if erase else {})})
+    return Removal(user_id, role, erase, receipts)
 
 
 # -- invitations ----------------------------------------------------------------------------
@@ -318,8 +332,8 @@ class Invited:
 
 def invite(session: Session, team: Team, by: TeamMember, *, email: object, role: object,
            actor: Actor, now: datetime | None = None) -> Invited:
-    """A single-use link for ``email``, valid for seven days. Only an owner invites an
-    owner."""
+    """A single-use link for ``email``, valid for seven days; it replaces a link still
+    pending for the same address. Only an owner invites an owner."""
     if not may(seat_of(team, by), Action.INVITE):
         raise RoleTooLow("Only the team's owners and admins can invite.")
     address = normalise_email(email) if isinstance(email, str) else ""
@@ -332,13 +346,27 @@ def invite(session: Session, team: Team, by: TeamMember, *, email: object, role:
                              .where(TeamMember.team_id == team.id, User.email == address))
     if already is not None:
         raise TeamError("That person is a member already.", "email")
-    raw = INVITATION_PREFIX + secrets.token_urlsafe(32)
     now = _now(now)
+    # One live link per address: inviting again (a double click, a lost link) withdraws
+    # the earlier one. The team's lock makes two at once take turns.
+    _lock_team(session, team.id)
+    replaced = list(session.scalars(select(TeamInvitation).where(
+        TeamInvitation.team_id == team.id, TeamInvitation.email == address,
+        TeamInvitation.accepted_at.is_(None), TeamInvitation.revoked_at.is_(None),
+        TeamInvitation.expires_at > now)))
+    for earlier in replaced:
+        earlier.revoked_at = now
+    raw = INVITATION_PREFIX + secrets.token_urlsafe(32)
     invitation = TeamInvitation(team_id=team.id, email=address, role=role,
                                 token_hash=hash_token(raw), created_by_id=by.user_id,
                                 created_at=now, expires_at=now + timedelta(days=INVITATION_DAYS))
     session.add(invitation)
     session.flush()
+    # Every row written, then the audit events (the chain's lock comes last).
+    for earlier in replaced:
+        record_event(session, action="team.invite_revoke", actor=actor, owner_id=team.id,
+                     target_type="team_invitation", target_id=str(earlier.id),
+                     details={"team": team.id, "replaced_by": invitation.id})
     record_event(session, action="team.invite", actor=actor, owner_id=team.id,
                  target_type="team_invitation", target_id=str(invitation.id),
                  details={"team": team.id, "role": role,
@@ -487,14 +515,15 @@ def approve_app(session: Session, team: Team, by: TeamMember, client_pk: int, *,
     """Let a connected app act for the team (an allow-list entry or an approval)."""
     if not may(seat_of(team, by), Action.CHANGE_POLICY):
         raise RoleTooLow("Only the team's owners and admins can allow apps.")
+    # RETURNING, not rowcount (which the driver may leave at -1): a row back is a row added.
     added = session.execute(pg_insert(TeamApp).values(
         team_id=team.id, client_pk=client_pk, approved_by_id=by.user_id)
-        .on_conflict_do_nothing()).rowcount
+        .on_conflict_do_nothing().returning(TeamApp.team_id)).first() is not None
     if added:
         record_event(session, action="team.app_allow", actor=actor, owner_id=team.id,
                      target_type="oauth_client", target_id=str(client_pk),
                      details={"team": team.id})
-    return bool(added)
+    return added
 
 
 def disallow_app(session: Session, team: Team, by: TeamMember, client_pk: int, *,
