@@ -48,6 +48,7 @@ from dashboard.memories.api import init_api
 from dashboard.memories.key_pages import bp as keys_bp
 from dashboard.memories.models import ApiKey, ForgetMarker
 from dashboard.memories.pages import bp as memories_bp
+from dashboard.memories.team_pages import bp as team_memories_bp
 from dashboard.memory import MemoryBuild
 from dashboard.memory.views import bp as memory_bp
 from dashboard.metrics import bp as metrics_bp
@@ -60,6 +61,7 @@ from dashboard.security import csp_nonce, init_security
 from dashboard.sources import registered_sources
 from dashboard.staff import without_inline_handlers
 from dashboard.support.views import SupportView
+from dashboard.teams.pages import bp as teams_bp
 from dashboard.views import bp as main_bp
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +166,7 @@ def _start_embedded_on_first_use(app: Flask) -> None:
 def init_blueprints(app: Flask) -> None:
     for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
                       documents_bp, keys_bp, memories_bp, connectors_bp, metrics_bp,
-                      exports_bp):
+                      exports_bp, teams_bp, team_memories_bp):
         app.register_blueprint(blueprint)
     init_oauth(app)
 

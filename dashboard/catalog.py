@@ -1,9 +1,11 @@
-"""The product's sources, in rank order (the order is the rank), and the keepers of the
-copies an erasure must reach, installed in their registries when this is imported: the
-app and every command import it before any build or forget."""
+"""The product's sources, in rank order (the order is the rank), the keepers of the
+copies an erasure must reach, and who works out a caller's reach (teams), installed in
+their registries when this is imported: the app and every command import it before any
+build, forget or authenticated call."""
 
 from __future__ import annotations
 
+from dashboard.access import install_resolver
 from dashboard.blinks.source import BLINKS_SOURCE
 from dashboard.copies import Keeper, install_keepers
 from dashboard.documents.source import DOCUMENTS_SOURCE
@@ -12,6 +14,7 @@ from dashboard.memories.source import SAVED_SOURCE
 from dashboard.orbitpilot.copies import erase_chat_copies
 from dashboard.orbitpilot.source import CHAT_HISTORY_SOURCE, PROFILE_SOURCE
 from dashboard.sources import Source, install
+from dashboard.teams.services import reach_of
 
 SOURCES: tuple[Source, ...] = (
     PROFILE_SOURCE, BLINKS_SOURCE, SAVED_SOURCE, CHAT_HISTORY_SOURCE, DOCUMENTS_SOURCE)
@@ -22,3 +25,6 @@ install(SOURCES)
 KEEPERS: tuple[Keeper, ...] = (erase_chat_copies, withdraw_exports)
 
 install_keepers(KEEPERS)
+
+# A person's teams, as far as the credential of a call lets it act for them.
+install_resolver(reach_of)

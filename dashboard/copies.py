@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
@@ -22,7 +22,10 @@ _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|\n+")
 class Erasure:
     """An item being redacted or hard-deleted: whose, which (``source_key``/``source_id``,
     as "Drew on" records and chunks name it), every text it held (its content and its
-    earlier versions', read before they were erased) and the marker that replaces them."""
+    earlier versions', read before they were erased) and the marker that replaces them.
+    ``holders``: the people other than the owner whose own data a keeper found a copy in
+    (a member's chat reply that quoted a team's memory), for the keepers after it (their
+    exports are withdrawn too); keepers add to it, in order."""
 
     owner_id: int
     source_key: str
@@ -30,6 +33,7 @@ class Erasure:
     texts: tuple[str, ...]
     mode: str  # "redact" or "hard_delete"
     marker: str
+    holders: set[int] = field(default_factory=set, compare=False)
 
 
 @dataclass(frozen=True)

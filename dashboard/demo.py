@@ -1,4 +1,6 @@
-"""Demo data for ``flask seed-demo``: three plans, users on each, staff, a little content."""
+"""Demo data for ``flask seed-demo``: three plans, users on each, staff, a little content,
+and the team Pilot (led by the Team plan's user, two members, a few team memories saved
+through an API key, a registered app and the pages, so attribution shows at once)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from werkzeug.security import generate_password_hash
 
+from dashboard.access import Credential, reach_of
+from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.auth.services import create_user, get_user_by_email
 from dashboard.blinks.models import Blink
+from dashboard.connectors import services as connections
 from dashboard.documents.models import Document
+from dashboard.memories.keys import create_key
 from dashboard.memories.models import Memory
+from dashboard.memories.reach import save_for
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.teams.models import Team, TeamMember
+from dashboard.teams.services import create_team
 
 DEMO_PASSWORD = "orbit-demo-2026"
 
@@ -34,6 +43,16 @@ USERS = (
     ("support@demo.orbitpilot.test", "Sam Support", "support", "free"),
     ("admin@demo.orbitpilot.test", "Ada Admin", "admin", "plus"),
 )
+
+
+# The pilot team: slug, name, its lead, and each member with their role.
+TEAM_SLUG, TEAM_NAME = "pilot", "Pilot"
+TEAM_LEAD = "team@demo.orbitpilot.test"
+TEAM_MEMBERS = (("plus@demo.orbitpilot.test", "member"), ("free@demo.orbitpilot.test", "reader"))
+# A registered app as a connector registers itself; the demo's is called "Claude".
+DEMO_APP = {"client_name": "Claude", "redirect_uris": ["http://127.0.0.1:33418/callback"],
+            "token_endpoint_auth_method": "none"}
+DEMO_APP_RESOURCE = "http://127.0.0.1:5000/mcp"
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,7 @@ def seed_demo(session: Session, password: str = DEMO_PASSWORD) -> list[SeededUse
             _seed_content(session, user)
         seeded.append(SeededUser(email, role, plan_slug, created))
     session.flush()
+    _seed_team(session)
     return seeded
 
 
@@ -84,7 +104,54 @@ def describe_seeded(seeded: list[SeededUser], password: str) -> list[str]:
     return [f"Demo accounts (password for all: {password}):"] + [
         f"  {user.role:<8} {user.plan:<5} {user.email}  [{'created' if user.created else 'exists'}]"
         for user in seeded
-    ]
+    ] + [f"Demo team: {TEAM_NAME} (/teams/{TEAM_SLUG}), led by {TEAM_LEAD}; "
+         + ", ".join(f"{email} ({role})" for email, role in TEAM_MEMBERS)]
+
+
+def _seed_team(session: Session) -> None:
+    """The team Pilot, once: its lead (the Team plan's user, so the team's account is on
+    the Team plan), a member and a reader, and three team memories — saved by the member
+    with the API key "codex-cli", by the lead through the registered app "Claude", and by
+    the lead on the pages — made through the services (audited, a build requested)."""
+    if session.scalar(select(Team.id).where(Team.slug == TEAM_SLUG)) is not None:
+        return
+    lead = get_user_by_email(session, TEAM_LEAD)
+    members = [(get_user_by_email(session, email), role) for email, role in TEAM_MEMBERS]
+    if lead is None or any(user is None for user, _ in members):
+        return
+    team = create_team(session, creator=lead, name=TEAM_NAME, slug=TEAM_SLUG,
+                       actor=Actor.of(lead))
+    for user, role in members:
+        session.add(TeamMember(team_id=team.id, user_id=user.id, role=role))
+    session.flush()
+    member = members[0][0]
+    key, _ = create_key(session, owner=member, name="codex-cli",
+                        scopes=["memory:read", "memory:write"], actor=Actor.of(member))
+    key.team_ids = [team.id]
+    client, _ = connections.register_client(session, DEMO_APP)
+    grant = connections.consent(session, user=lead, client=client,
+                                scopes=["memory:read", "memory:write"],
+                                resource=DEMO_APP_RESOURCE, allowed=True)
+    if grant is not None:  # allowed: the live connection, naming the team
+        grant.team_ids = [team.id]
+    session.flush()
+    save_for(session, reach_of(session, member.id, Credential(team_ids=(team.id,))),
+             team=TEAM_SLUG, source="codex",
+             content="Heron is the codename of the billing rewrite; it ships behind the "
+                     "heron_billing flag.",
+             actor=Actor("api_key", str(key.id)), api_key_id=key.id)
+    save_for(session, reach_of(session, lead.id, Credential(team_ids=(team.id,),
+                                                            client_pk=client.id)),
+             team=TEAM_SLUG, source="claude",
+             content="The release train leaves every second Tuesday; the Friday before "
+                     "is code freeze.",
+             actor=Actor("connector", str(grant.id if grant else client.id)),
+             oauth_client_pk=client.id,
+             client_name="Claude")
+    save_for(session, reach_of(session, lead.id), team=TEAM_SLUG, source="orbitpilot",
+             content="Pilot success means three design partners export their team's memory "
+                     "by June.",
+             actor=Actor.of(lead))
 
 
 def _seed_content(session: Session, user: User) -> None:

@@ -18,6 +18,7 @@ from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersio
 from dashboard.memory import MemoryBuild, MemoryChunk
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact, ReplyRecall
 from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember
 
 __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "ConnectorAccess", "Conversation",
@@ -25,5 +26,5 @@ __all__ = [
     "MaintenanceLease",
     "Memory", "MemoryBuild", "MemoryChunk", "MemoryVersion", "Message", "OAuthClient",
     "OAuthCode", "OAuthGrant", "OAuthToken", "Plan", "ProfileFact", "ReplyRecall",
-    "SourceAssignment", "User",
+    "SourceAssignment", "Team", "TeamApp", "TeamInvitation", "TeamMember", "User",
 ]

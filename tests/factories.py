@@ -148,15 +148,17 @@ def insert_memory(session, owner, content: str, *, created_at: datetime,
 
 def make_key(session, owner, *, scopes: Iterable[str] = ("memory:read", "memory:write"),
              name: str = "test client", actor: Actor | None = None,
-             expires_at: datetime | None = None) -> tuple[ApiKey, str]:
-    """A key of ``owner`` made through the service, and its secret. ``memory:hard_delete``
-    among the scopes is granted as an admin would (the owner may not pick it)."""
+             expires_at: datetime | None = None, team_ids: Iterable[int] = ()
+             ) -> tuple[ApiKey, str]:
+    """A key of ``owner`` made through the service, and its secret, acting for the teams
+    ``team_ids`` names. ``memory:hard_delete`` among the scopes is granted as an admin
+    would (the owner may not pick it)."""
     scopes = list(scopes)
     elevated = "memory:hard_delete" in scopes
     key, raw = create_key(session, owner=owner, name=name,
                           scopes=[s for s in scopes if s != "memory:hard_delete"] or
                           ["memory:read"], expires_at=expires_at,
-                          actor=actor or Actor.of(owner))
+                          actor=actor or Actor.of(owner), team_ids=team_ids)
     if elevated:
         key.scopes = [*key.scopes, "memory:hard_delete"]
         session.flush()
@@ -250,6 +252,24 @@ def make_connection(session, user, *, scopes: Iterable[str] = ("memory:read",),
     connections.store_tokens(session, grant, access=access, refresh=None, scopes=list(scopes),
                              lifetimes=connections.Lifetimes())
     return grant, access
+
+
+def make_team(session, owner, *, slug: str | None = None, name: str | None = None,
+              members: dict | None = None, **policies: Any):
+    """A team led by ``owner`` (made through the service, as the team page makes one),
+    with ``members`` ({user: role}) joined as an accepted invitation makes them."""
+    from dashboard.teams.models import TeamMember
+    from dashboard.teams.services import create_team
+
+    n = next(_seq)
+    team = create_team(session, creator=owner, name=name or f"Team {n}",
+                       slug=slug or f"team-{n}", actor=Actor.of(owner))
+    for user, role in (members or {}).items():
+        session.add(TeamMember(team_id=team.id, user_id=user.id, role=role))
+    for field_name, value in policies.items():
+        setattr(team, field_name, value)
+    session.flush()
+    return team
 
 
 def plans_of(session) -> UserPlans:

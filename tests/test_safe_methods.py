@@ -6,16 +6,18 @@ without a body."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from flask import url_for
 from sqlalchemy import text
 
 from dashboard.audit.services import SYSTEM
+from dashboard.auth.models import User
 from dashboard.documents.models import Document
 from dashboard.memories.services import forget_memory
 from dashboard.orbitpilot.models import ProfileFact
+from dashboard.teams.services import invite, membership
 from tests.conftest import csrf_from
 from tests.factories import (
     ALL_SCOPES,
@@ -26,6 +28,7 @@ from tests.factories import (
     make_key,
     make_memory,
     make_plan,
+    make_team,
     make_user,
 )
 
@@ -40,12 +43,14 @@ class World:
     secret: str  # the owner's API key
     ids: dict[str, int]  # what a ``?id=`` names, by the view it is for
     args: dict[str, object]  # what a path argument names
+    by_endpoint: dict[str, dict[str, object]] = field(default_factory=dict)  # … for one view
 
 
 @pytest.fixture
-def world(db_session) -> World:
+def world(app, db_session) -> World:
     """Everything a GET could touch, owned by the walking user: a Blink, a document, a
-    profile fact, a key, a conversation, a memory with a receipt, a build."""
+    profile fact, a key, a conversation, a memory with a receipt, a build, a team they
+    lead."""
     plan = make_plan(db_session, name="Safe plan")
     emails = {role: make_user(db_session, role=role, email=f"safe-{role}@example.test").email
               for role in ("support", "admin")}
@@ -64,6 +69,14 @@ def world(db_session) -> World:
     receipt = forget_memory(db_session, owner.id, gone.id, mode="soft_delete", actor=SYSTEM)
     build = make_build_record(owner)
     db_session.add(build)
+    # A team the walking user owns, with a memory, a receipt and an invitation.
+    team = make_team(db_session, owner, slug="safe-team", name="Safe team",
+                     members={make_user(db_session): "member"})
+    team_memory = make_memory(db_session, db_session.get(User, team.id), "a team memory")
+    team_receipt = forget_memory(db_session, team.id, team_memory.id, mode="soft_delete",
+                                 actor=SYSTEM)
+    invited = invite(db_session, team, membership(db_session, team.id, owner.id),
+                     email="safe-invitee@example.test", role="member", actor=SYSTEM)
     # Committed (a savepoint released): a request that rolls back keeps these rows.
     db_session.commit()
     ids = {"blinks": blink.id, "documents": document.id, "profile": fact.id, "keys": key.id,
@@ -71,8 +84,13 @@ def world(db_session) -> World:
            "markers": receipt.marker_id, "audit": 1, "connections": connection.id}
     args = {"memory_id": memory.id, "marker_id": receipt.marker_id,
             "conversation_id": conversation.id, "user_id": owner.id, "export_type": "csv",
-            "filename": "admin-csp.js", "grant_id": connection.id}
-    return World(emails, secret, ids, args)
+            "filename": "admin-csp.js", "grant_id": connection.id, "team_id": team.id,
+            "slug": team.slug, "token": invited.token}
+    # The team memories pages name the team's memory and receipt.
+    team_args = {"memory_id": team_memory.id, "marker_id": team_receipt.marker_id}
+    by_endpoint = {rule.endpoint: team_args for rule in app.url_map.iter_rules()
+                   if rule.endpoint.startswith("team_memories.")}
+    return World(emails, secret, ids, args, by_endpoint)
 
 
 def checksums(session) -> dict[str, str]:
@@ -91,7 +109,8 @@ def paths(app, world: World) -> list[tuple[str, str]]:
     found = []
     with app.test_request_context():
         for rule in sorted(app.url_map.iter_rules(), key=lambda r: (r.rule, r.endpoint)):
-            values = {name: world.args.get(name, "x") for name in rule.arguments}
+            own = world.by_endpoint.get(rule.endpoint, {})
+            values = {name: own.get(name, world.args.get(name, "x")) for name in rule.arguments}
             if rule.endpoint in FILE_RULES:
                 values["filename"] = "admin-csp.js" if rule.endpoint == "static" \
                     else "admin/js/filters.js"

@@ -21,8 +21,8 @@ BLUEPRINTS = {"dashboard.memory.views"}
 APP_FACTORY = "dashboard.app"
 # The edge: modules that speak HTTP, forms, the CLI or the process; everything else under
 # dashboard/ is a service (or a model) and must not import a web framework or the edge.
-EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "api", "openapi", "web", "forms",
-              "decorators", "oauth", "mcp", "mcp_http", "cli"}
+EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "team_pages", "api", "openapi",
+              "web", "forms", "decorators", "oauth", "mcp", "mcp_http", "cli"}
 EDGE_MODULES = {"dashboard", "dashboard.app", "dashboard.cli", "dashboard.errors",
                 "dashboard.extensions", "dashboard.forms", "dashboard.metrics", "dashboard.queues",
                 "dashboard.security", "dashboard.staff", "dashboard.supervisor",

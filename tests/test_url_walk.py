@@ -23,11 +23,13 @@ from urllib.parse import unquote_to_bytes
 
 import pytest
 from flask import url_for
+from sqlalchemy import select
 
+from dashboard.auth.models import User
 from dashboard.extensions import db
 from dashboard.memory import MemoryBuild
 from tests.conftest import csrf_from
-from tests.factories import PASSWORD, make_plan, make_user
+from tests.factories import PASSWORD, make_plan, make_team, make_user
 
 IDENTITIES = ("guest", "user", "support", "admin")
 BIG = str(2**64)
@@ -54,7 +56,10 @@ FILTER_VALUES = ("abc", BIG, INT4, "-1", "", f"1,abc,{BIG}")
 # Rule arguments other than files: one plausible value each, then malformed ones.
 PLAUSIBLE_ARGS = {"export_type": ("csv", "xlsx"),
                   # Well-formed, but nobody's: the "not among yours" path of each view.
-                  "memory_id": ("6f1c1a3e-4d7b-4b55-9a65-0c2f3f5d8e11",)}
+                  "memory_id": ("6f1c1a3e-4d7b-4b55-9a65-0c2f3f5d8e11",),
+                  # The walking user's team (``world``), and an invitation nobody made.
+                  "slug": ("walk-team",),
+                  "token": ("opti_" + "w" * 43,)}
 MALFORMED_ARGS = ("abc", BIG, "-1", "..%2F..%2Fpyproject.toml", "%00", "%FF%FE")
 # File serving: path traversal and NUL only.
 FILE_PATHS = ("../pyproject.toml", "%2e%2e/%2e%2e/pyproject.toml", "..%2F..%2Fpyproject.toml",
@@ -112,6 +117,8 @@ def world(db_session) -> World:
     emails = {role: make_user(db_session, role=role, email=f"walk-{role}@example.test").email
               for role in ("user", "support", "admin")}
     target = make_user(db_session, plan=plan, email="walk-target@example.test")
+    walker = db_session.scalars(select(User).where(User.email == emails["user"])).one()
+    make_team(db_session, walker, slug="walk-team", name="Walk team", members={target: "member"})
     build = MemoryBuild(user_id=target.id, mode="full", trigger="admin", status="succeeded")
     db_session.add(build)
     # Committed (a savepoint released): a request that rolls back keeps these rows.

@@ -170,10 +170,15 @@ _DEFAULT_NAME = "orbitpilot.default_plan_name"
 
 
 class UserView(AdminOnlyView):
-    column_list = ("id", "email", "role", "plan", "active", "builds", "created_at")
-    column_sortable_list = ("id", "email", "role", "active", "created_at")
+    """People and teams' accounts (``kind``): a team's account owns the team's memory and
+    nobody signs in as it, so it gets no staff role; its trace is the team's."""
+
+    column_list = ("id", "email", "kind", "role", "plan", "active", "builds", "created_at")
+    column_sortable_list = ("id", "email", "kind", "role", "active", "created_at")
     column_searchable_list = ("email",)
-    column_filters = ("role", "active", OnPlanFilter())
+    column_filters = ("role", CodeEquals(User.kind, "Kind", max_length=8,
+                                         choices={"person": "Person", "team": "Team account"}),
+                      "active", OnPlanFilter())
     named_filter_urls = True
     # The plan is chosen by id from the plans that exist, "" for the default plan: an id
     # that names no plan is "Not a valid choice", never quietly the default.
@@ -183,8 +188,9 @@ class UserView(AdminOnlyView):
     form_extra_fields = {"plan_ref": SelectField("Plan", choices=[])}
     can_create = can_delete = False
     # Staff pages never show content; a user row is ids, email, role, plan.
-    column_details_list = ("id", "email", "role", "plan", "active", "builds", "created_at",
-                           "last_login_at")
+    column_details_list = ("id", "email", "kind", "role", "plan", "active", "builds",
+                           "created_at", "last_login_at")
+    column_labels = {"kind": "Kind"}
 
     def get_query(self) -> Any:
         return super().get_query().options(joinedload(User.plan))
@@ -200,11 +206,18 @@ class UserView(AdminOnlyView):
         return f"{default} (the default)" if default else "the default plan"
 
     def _builds(self, context: Any, user: Any, name: str) -> Any:
+        trace = url_for("support.team", team_id=user.id) if user.kind == "team" \
+            else url_for("support.trace", user_id=user.id)
         return Markup('<a href="{}">builds</a> · <a href="{}">why remembered?</a>').format(
-            url_for("builds.index_view", flt0_user_id_equals=user.id),
-            url_for("support.trace", user_id=user.id))
+            url_for("builds.index_view", flt0_user_id_equals=user.id), trace)
 
-    column_formatters = {"plan": _plan, "builds": _builds}
+    def _kind(self, context: Any, user: Any, name: str) -> Any:
+        if user.kind == "team":
+            return Markup('<span class="badge badge-info" data-kind="team">team account'
+                          '</span>')
+        return Markup('<span data-kind="person">person</span>')
+
+    column_formatters = {"plan": _plan, "builds": _builds, "kind": _kind}
     column_formatters_detail = column_formatters
 
     def edit_form(self, obj: Any = None) -> Any:

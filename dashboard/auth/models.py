@@ -14,12 +14,15 @@ if TYPE_CHECKING:
     from dashboard.plans.models import Plan
 
 ROLES = ("user", "support", "admin")
+# A person signs in; a team is an account that owns a team's memory (dashboard.teams).
+KINDS = ("person", "team")
 
 
 class User(UserMixin, db.Model):
     __tablename__ = "users"
     __table_args__ = (
         CheckConstraint(f"role IN {ROLES!r}", name="role"),
+        CheckConstraint(f"kind IN {KINDS!r}", name="kind"),
         # Support's search by the start of an email or of its domain (migration 0010).
         Index("ix_users_email_prefix", "email", postgresql_ops={"email": "text_pattern_ops"}),
     )
@@ -35,6 +38,7 @@ class User(UserMixin, db.Model):
         ForeignKey("plans.id", ondelete="SET NULL"), index=True
     )
     active: Mapped[bool] = mapped_column(Boolean, default=True, server_default="true")
+    kind: Mapped[str] = mapped_column(String(8), default="person", server_default="person")
     created_at: Mapped[datetime] = created_at_column()
     last_login_at: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), default=None
@@ -55,6 +59,10 @@ class User(UserMixin, db.Model):
     @property
     def is_active(self) -> bool:  # Flask-Login: a deactivated account cannot sign in
         return self.active
+
+    @property
+    def is_team(self) -> bool:
+        return self.kind == "team"
 
     @property
     def is_staff(self) -> bool:

@@ -79,7 +79,9 @@ def create_user(
 
     Raises ``AccountError`` with a field name; nothing is written then."""
     email = normalise_email(email)
-    if not EMAIL_RE.match(email) or len(email) > 254:
+    if not EMAIL_RE.match(email) or len(email) > 254 or email.endswith(".invalid"):
+        # ".invalid" is reserved (RFC 2606): no mail reaches it, and teams' own accounts
+        # live there.
         raise AccountError("Enter a valid email address.", "email")
     validate_role(role)
     if password_hash is None:
@@ -112,6 +114,9 @@ def authenticate(session: Session, email: str, password: str) -> User | None:
     if user is None:
         check_password_hash(_DUMMY_HASH, password)
         return None
+    if user.kind != "person":  # a team's account holds memory; nobody signs in as it
+        check_password_hash(_DUMMY_HASH, password)
+        return None
     if not check_password_hash(user.password_hash, password):
         return None
     return user
@@ -123,8 +128,8 @@ def active_user(session: Session, user_id: str) -> User | None:
         user = session.get(User, int(user_id))
     except (TypeError, ValueError):
         return None
-    # A deactivated account loses its open sessions too.
-    return user if user is not None and user.active else None
+    # A deactivated account loses its open sessions too; a team's is never anyone's.
+    return user if user is not None and user.active and user.kind == "person" else None
 
 
 @dataclass(frozen=True)
@@ -171,6 +176,10 @@ def update_account(session: Session, user: User, *, role: str, plan_id: int | No
     whether it may sign in, audited with before/after. A plan switch requests the
     user's build (``memory.changes``)."""
     validate_role(role)
+    if user.kind == "team" and role != "user":
+        raise AccountError("This is a team's account: it holds the team's memory and nobody "
+                           "signs in as it, so it cannot have a staff role. Give the role "
+                           "to a person instead.", "role")
     _keep_an_admin(session, user, role=role, active=active)
     before = _account_values(user)
     user.role, user.plan_id, user.active = role, plan_id, bool(active)

@@ -4,11 +4,12 @@ as for the tool's REST twin); every refusal is a tool error in a plain sentence;
 call hands the app is logged by id.
 
 The same tools serve Streamable HTTP (a bearer token from the OAuth server) and stdio
-(an API key from the environment): ``Principal`` is who calls, either way."""
+(an API key from the environment): ``Principal`` is who calls, either way, and what its
+credential reaches (the person's memory and the teams it acts for) is worked out anew
+at every call. Attribution comes from the credential, never from what a client says."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,12 +23,14 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 from sqlalchemy.orm import Session
 
+from dashboard.access import Credential, Reach, reach_of
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services as connections
 from dashboard.extensions import db
+from dashboard.memories import reach as reached
 from dashboard.memories import services
-from dashboard.memories.keys import authenticate_key
+from dashboard.memories.keys import authenticate_key, credential_of
 from dashboard.memory import embedder_model_name, get_embedder, recall_cut, settings_from
 from dashboard.refusals import Refusal
 from dashboard.sources import SAVED
@@ -35,9 +38,16 @@ from dashboard.sources import SAVED
 log = logging.getLogger(__name__)
 
 INSTRUCTIONS = (
-    "The user's long-term memory in OrbitPilot. Search it before answering questions about "
-    "the user's preferences, projects or past decisions; save durable facts the user wants "
-    "remembered; forget only a memory the user asked to forget, by its id.")
+    "The user's long-term memory in OrbitPilot, and their teams' shared memory where they "
+    "let this app act for a team. Search it before answering questions about the user's "
+    "preferences, projects or past decisions; save durable facts the user wants "
+    "remembered (to a team only when the user asks for that team); forget only a memory "
+    "the user asked to forget, by its id.")
+TEAM_FILTER = ("Only this team's memories (its slug), or \"personal\" for the user's own; "
+               "left out: both.")
+AUTHOR_FILTER = "Only memories this person saved (their user id)."
+APP_FILTER = ("Only memories saved through this app: an OAuth client_id, key:<id> for an "
+              "API key, or orbitpilot.")
 FAILED = "Something went wrong on OrbitPilot's side; nothing was changed. Try again."
 
 
@@ -48,10 +58,12 @@ class Principal:
     user_id: int
     scopes: tuple[str, ...]
     actor: Actor
-    source: str  # what memories saved through it name as their source
-    client_name: str | None = None
+    source: str  # what memories saved through it name as their source (a claim)
+    client_name: str | None = None  # the app's name for itself (a claim)
     caller: connections.Caller | None = None  # set for a connected app: its access log
     api_key_id: int | None = None
+    oauth_client_pk: int | None = None  # the registered app a connection is of
+    credential: Credential = Credential(team_ids=())  # the teams it may act for
 
 
 def from_token(session: Session) -> Principal:
@@ -59,13 +71,12 @@ def from_token(session: Session) -> Principal:
     token = get_access_token()
     if token is None or not token.claims:
         raise ToolError("Sign in again: this call carries no valid access token.")
-    caller = connections.Caller(**token.claims["caller"])
+    claims = dict(token.claims["caller"])
+    claims["team_ids"] = tuple(claims.get("team_ids") or ())
+    caller = connections.Caller(**claims)
     return Principal(caller.user_id, caller.scopes, caller.actor, caller.attribution,
-                     caller.client_name, caller)
-
-
-def _memory(memory: Any) -> dict[str, Any]:
-    return services.memory_dict(memory)
+                     caller.client_name, caller, oauth_client_pk=caller.client_pk,
+                     credential=caller.credential)
 
 
 def from_api_key(raw: str, *, source: str = "api") -> Callable[[Session], Principal]:
@@ -77,7 +88,7 @@ def from_api_key(raw: str, *, source: str = "api") -> Callable[[Session], Princi
             raise ToolError("The API key this server was started with is not a live key: "
                             "create one on /settings/keys and start it again.")
         return Principal(key.owner_id, tuple(key.scopes), Actor("api_key", str(key.id)),
-                         source, api_key_id=key.id)
+                         source, api_key_id=key.id, credential=credential_of(key))
     return principal
 
 
@@ -86,11 +97,13 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
     """The tools, each run in ``app``'s context in a transaction of its own. Who calls
     is ``principal``'s to say: over HTTP, the token ``mcp_http`` checked first."""
     server = MCPServer(name="OrbitPilot memory", instructions=INSTRUCTIONS, version="1")
+    config = app.config  # by this name: the tools' "app" argument is a filter
 
-    def run(tool: str, work: Callable[[Session, Principal, User], Any],
+    def run(tool: str, work: Callable[[Session, Principal, Reach], Any],
             handed: Callable[[Any], Iterable[connections.Handed]] | None = None) -> Any:
-        """``work`` calls a service with the caller's scopes: the service refuses what
-        they do not allow, before it looks at anything."""
+        """``work`` calls a service with the caller's scopes and reach (the person's
+        memory and the teams the credential acts for, read now): the service refuses
+        what they do not allow, before it looks at anything."""
         with app.app_context():
             session = db.session
             who: Principal | None = None
@@ -99,7 +112,7 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
                 user = session.get(User, who.user_id)
                 if user is None or not user.active:
                     raise ToolError("This account cannot be used any more.")
-                result = work(session, who, user)
+                result = work(session, who, reach_of(session, user.id, who.credential))
                 if handed is not None and who.caller is not None:
                     connections.log_access(session, who.caller, tool, handed(result))
                 session.commit()
@@ -132,15 +145,20 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         content: Annotated[str, Field(description="The fact to remember, in a sentence.")],
         metadata: Annotated[dict[str, Any] | None,
                             Field(description="Optional labels (JSON object).")] = None,
+        team: Annotated[str | None, Field(description=(
+            "A team's slug, only when the user asks to save this to that team (its members "
+            "will read it); left out, it is the user's own memory."))] = None,
     ) -> dict[str, Any]:
-        """Save a durable fact about the user (a preference, a project fact, a decision)."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            saved = services.save_memory(session, owner=user, content=content,
-                                         metadata=metadata, source=who.source, actor=who.actor,
-                                         api_key_id=who.api_key_id,
-                                         client_name=who.client_name, scopes=who.scopes)
-            return {"memory": _memory(saved.memory), "remembered": saved.remembered,
-                    "memory_notice": saved.sentence}
+        """Save a durable fact about the user (a preference, a project fact, a decision).
+        Saving to a team is deliberate: name a team only when the user asked for it."""
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            saved = reached.save_for(session, reach, team=team, content=content,
+                                     metadata=metadata, source=who.source, actor=who.actor,
+                                     api_key_id=who.api_key_id,
+                                     oauth_client_pk=who.oauth_client_pk,
+                                     client_name=who.client_name, scopes=who.scopes)
+            return {"memory": reached.described(session, reach, [saved.memory])[0],
+                    "remembered": saved.remembered, "memory_notice": saved.sentence}
         return run("save_memory", work)
 
     @server.tool(annotations=ToolAnnotations(title="Search memory", readOnlyHint=True,
@@ -149,15 +167,21 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         query: Annotated[str, Field(description="What to recall, in words.")],
         k: Annotated[int, Field(ge=1, le=services.MAX_RECALL_K,
                                 description="How many results.")] = 5,
+        team: Annotated[str | None, Field(description=TEAM_FILTER)] = None,
+        author: Annotated[int | None, Field(description=AUTHOR_FILTER)] = None,
+        app: Annotated[str | None, Field(description=APP_FILTER)] = None,
     ) -> dict[str, Any]:
-        """Recall what the user's memory holds about something: the nearest memories and
-        records, each with its id, source and distance (smaller is closer)."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            embedder = get_embedder(app.config["EMBEDDER"])
-            hits = services.recall(session, user.id, query, k, embedder=embedder,
-                                   max_distance=recall_cut(app.config["RECALL_MAX_DISTANCE"]),
-                                   scopes=who.scopes)
-            return {"results": [dataclasses.asdict(hit) for hit in hits],
+        """Recall what the user's memory (and their teams', where this app acts for
+        them) holds about something: the nearest memories and records, each with its id,
+        source, owner (personal or the team), who saved it, and distance (smaller is
+        closer)."""
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            embedder = get_embedder(config["EMBEDDER"])
+            hits = reached.recall_for(
+                session, reach, query, k, embedder=embedder,
+                max_distance=recall_cut(config["RECALL_MAX_DISTANCE"]),
+                scopes=who.scopes, filters=reached.Filters.parse(team, author, app))
+            return {"results": reached.described_hits(session, reach, hits),
                     "notice": None if hits else services.NO_MATCH}
 
         def handed(result: dict[str, Any]) -> list[connections.Handed]:
@@ -173,22 +197,30 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         limit: Annotated[int, Field(ge=1, le=100)] = 20,
         cursor: Annotated[str | None, Field(description="next_cursor of the last page.")]
         = None,
+        team: Annotated[str | None, Field(description=TEAM_FILTER)] = None,
+        author: Annotated[int | None, Field(description=AUTHOR_FILTER)] = None,
+        app: Annotated[str | None, Field(description=APP_FILTER)] = None,
     ) -> dict[str, Any]:
-        """List the user's saved memories, newest first, a page at a time."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            page = services.list_memories(session, user.id, status=status, limit=limit,
-                                          cursor=cursor or None, scopes=who.scopes)
-            return {"items": [_memory(m) for m in page.items], "next_cursor": page.next_cursor}
+        """List the user's saved memories (and their teams', where this app acts for
+        them), newest first, a page at a time; each names its owner and who saved it."""
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            page = reached.list_for(session, reach,
+                                    filters=reached.Filters.parse(team, author, app),
+                                    status=status, limit=limit, cursor=cursor or None,
+                                    scopes=who.scopes)
+            return {"items": reached.described(session, reach, page.items),
+                    "next_cursor": page.next_cursor}
         return run("list_memories", work, lambda r: saved_items(r["items"]))
 
     @server.tool(annotations=ToolAnnotations(title="Get a memory", readOnlyHint=True,
                                              destructiveHint=False, idempotentHint=True))
     def get_memory(memory_id: Annotated[str, Field(description="The memory's id.")]
                    ) -> dict[str, Any]:
-        """One saved memory by its id."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            return _memory(services.find_memory(session, user.id, memory_id,
-                                                scopes=who.scopes))
+        """One saved memory by its id (the user's own or a team's)."""
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            memory = reached.find_for(session, reach, memory_id, operation="get",
+                                      scopes=who.scopes)
+            return reached.described(session, reach, [memory])[0]
         return run("get_memory", work, lambda r: saved_items([r]))
 
     @server.tool(annotations=ToolAnnotations(title="Update a memory", readOnlyHint=False,
@@ -200,11 +232,13 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
                             Field(description="New labels (replace the old).")] = None,
     ) -> dict[str, Any]:
         """Change a saved memory's text or labels (the old version is kept)."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            memory, _ = services.change_memory(session, user.id, memory_id, content=content,
-                                               metadata=metadata, actor=who.actor,
-                                               scopes=who.scopes)
-            return _memory(memory)
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            found = reached.find_for(session, reach, memory_id, operation="update",
+                                     scopes=who.scopes)
+            memory, _ = services.change_memory(session, found.owner_id, memory_id,
+                                               content=content, metadata=metadata,
+                                               actor=who.actor, scopes=who.scopes)
+            return reached.described(session, reach, [memory])[0]
         return run("update_memory", work)
 
     @server.tool(annotations=ToolAnnotations(title="Forget a memory", readOnlyHint=False,
@@ -219,8 +253,10 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
         reason: Annotated[str | None, Field(description="Why, if the user said.")] = None,
     ) -> dict[str, Any]:
         """Forget one memory by its id: it stops being recalled at once."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            receipt = services.forget_memory(session, user.id, memory_id, mode=mode,
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            found = reached.find_for(session, reach, memory_id, operation=mode,
+                                     scopes=who.scopes)
+            receipt = services.forget_memory(session, found.owner_id, memory_id, mode=mode,
                                              actor=who.actor, scopes=who.scopes,
                                              reason=reason)
             return {"receipt": receipt.to_dict()}
@@ -231,19 +267,27 @@ def build_server(app: Flask, principal: Callable[[Session], Principal] = from_to
     def restore_memory(memory_id: Annotated[str, Field(description="The memory's id.")]
                        ) -> dict[str, Any]:
         """Bring back a soft-deleted memory."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
-            receipt = services.restore_memory(session, user.id, memory_id, actor=who.actor,
-                                              scopes=who.scopes)
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            found = reached.find_for(session, reach, memory_id, operation="restore",
+                                     scopes=who.scopes)
+            receipt = services.restore_memory(session, found.owner_id, memory_id,
+                                              actor=who.actor, scopes=who.scopes)
             return {"receipt": receipt.to_dict()}
         return run("restore_memory", work)
 
     @server.tool(name="memory_status",
                  annotations=ToolAnnotations(title="Memory status", readOnlyHint=True,
                                              destructiveHint=False, idempotentHint=True))
-    def memory_status_tool() -> dict[str, Any]:
-        """Which of the user's sources their memory holds, each in the sentence the
-        Memory Status page shows, and when it was last built."""
-        def work(session: Session, who: Principal, user: User) -> dict[str, Any]:
+    def memory_status_tool(
+        team: Annotated[str | None, Field(description=(
+            "A team's slug: that team's Memory Status instead of the user's."))] = None,
+    ) -> dict[str, Any]:
+        """Which of the user's sources their memory holds (or a team's, when named), each
+        in the sentence the Memory Status page shows, and when it was last built."""
+        def work(session: Session, who: Principal, reach: Reach) -> dict[str, Any]:
+            services.check_scope(who.scopes, "status")
+            seat = reached.seat_for(reach, team)  # a team out of reach: as none at all
+            user = session.get(User, seat.team_id if seat else reach.user_id)
             status = services.status_of(session, user, scopes=who.scopes,
                                         embedder_name=embedder_model_name(
                                             settings_from(app.config).embedder))

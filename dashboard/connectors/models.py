@@ -16,6 +16,7 @@ from sqlalchemy import (
     DateTime,
     ForeignKey,
     Index,
+    Integer,
     String,
     Text,
     text,
@@ -116,6 +117,9 @@ class OAuthGrant(db.Model):
     calls: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_by: Mapped[str | None] = mapped_column(String(16))
+    # The teams the user let it act for (each still needs their membership at every call).
+    team_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer), default=list,
+                                                server_default="{}")
 
     user: Mapped[User] = relationship()
     client: Mapped[OAuthClient] = relationship()

@@ -19,6 +19,15 @@ from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from dashboard.access import (
+    Action,
+    Credential,
+    Reach,
+    TeamSeat,
+    may,
+    reach_of,
+    team_terms,
+)
 from dashboard.audit.services import SYSTEM, Actor, record_event
 from dashboard.auth.models import User
 from dashboard.connectors.models import (
@@ -329,6 +338,100 @@ def ticked_scopes(values: Iterable[object]) -> list[str]:
     return [scope for scope in USER_SCOPES if scope in named]
 
 
+# -- the teams a connection may act for ----------------------------------------------------
+
+@dataclass(frozen=True)
+class TeamChoice:
+    """One team box on the consent page: a team the person is in, their role there,
+    whether that role saves to it, and whether its admins must approve this app first."""
+
+    team_id: int
+    name: str
+    role: str
+    writes: bool
+    needs_approval: bool
+    ticked: bool = False
+
+    @property
+    def words(self) -> str:
+        return f"{self.name} (as {self.role})"
+
+
+def team_choices(session: Session, user_id: int, client: OAuthClient,
+                 ticked: Iterable[int] = ()) -> list[TeamChoice]:
+    """The person's teams for the consent page, by name; none ticked unless ``ticked``
+    (a form sent back). A team whose app policy lists apps, and does not list this one,
+    needs one of its admins to approve it before the app reaches it."""
+    reach = reach_of(session, user_id)
+    terms = team_terms(session, reach.seats, client_pk=client.id)
+    chosen = set(ticked)
+    return [TeamChoice(seat.team_id, seat.name, seat.role, may(seat, Action.WRITE),
+                       terms[seat.team_id].app_needs_approval
+                       if seat.team_id in terms else False, seat.team_id in chosen)
+            for seat in sorted(reach.seats.values(), key=lambda s: (s.name, s.team_id))]
+
+
+def acts_for(seats: Iterable[TeamChoice | TeamSeat]) -> str:
+    """Which teams an app will write to (and read), in words: "It may save to: Pilot (as
+    member)." — or "It acts for you alone." when it names none."""
+    writes, reads = [], []
+    for seat in seats:
+        words = f"{seat.name} (as {seat.role})"
+        writing = seat.writes if isinstance(seat, TeamChoice) else may(seat, Action.WRITE)
+        (writes if writing else reads).append(words)
+    if not writes and not reads:
+        return "It acts for you alone."
+    said = [f"It may save to: {', '.join(writes)}." if writes else "",
+            f"It may read, not save to: {', '.join(reads)}." if reads else ""]
+    return " ".join(part for part in said if part)
+
+
+def chosen_teams(session: Session, user_id: int, values: Iterable[object]) -> list[int]:
+    """The team ids a consent form names: only teams the person is in (anything else is
+    refused, never dropped: a person must see what they allow)."""
+    wanted = set()
+    for value in values:
+        try:
+            wanted.add(int(value))  # type: ignore[call-overload]
+        except (TypeError, ValueError, OverflowError):
+            raise ConnectorError("Choose teams from the list.", "teams") from None
+    if wanted and not wanted <= set(reach_of(session, user_id).seats):
+        raise ConnectorError("Choose teams from the list.", "teams")
+    return sorted(wanted)
+
+
+@dataclass(frozen=True)
+class ConnectionTeams:
+    """What a connection acts for now: the sentence, and each team it names but does not
+    reach, with why (not approved by the team yet, or the person left it)."""
+
+    sentence: str
+    waiting: list[str]
+
+
+def connection_teams(session: Session, grant: OAuthGrant) -> ConnectionTeams:
+    if not grant.team_ids:
+        return ConnectionTeams(acts_for(()), [])
+    reach = connection_reach(session, grant)
+    terms = team_terms(session, grant.team_ids, client_pk=grant.client_pk)
+    mine = reach_of(session, grant.user_id).seats
+    waiting = []
+    for team_id in sorted(set(grant.team_ids) - set(reach.seats)):
+        team = terms.get(team_id)
+        if team is None:
+            continue
+        waiting.append(f"{team.name}: needs an admin of {team.name} to approve this app"
+                       if team_id in mine and team.app_needs_approval
+                       else f"{team.name}: you are no longer in it")
+    seats = sorted(reach.seats.values(), key=lambda s: (s.name, s.team_id))
+    return ConnectionTeams(acts_for(seats), waiting)
+
+
+def connection_reach(session: Session, grant: OAuthGrant) -> Reach:
+    return reach_of(session, grant.user_id, Credential(team_ids=tuple(grant.team_ids),
+                                                       client_pk=grant.client_pk))
+
+
 def code_scopes(asked: Iterable[str], ticked: Iterable[str]) -> list[str]:
     """What a code (and the tokens it buys) carries: what the person ticked, and the
     elevated scope if the app asked for it (it applies once an admin grants it)."""
@@ -359,11 +462,12 @@ def _live_grant_locked(session: Session, user_id: int, client: OAuthClient,
 
 
 def consent(session: Session, *, user: User, client: OAuthClient, scopes: list[str],
-            resource: str, allowed: bool, asked: list[str] | None = None
-            ) -> OAuthGrant | None:
+            resource: str, allowed: bool, asked: list[str] | None = None,
+            team_ids: Iterable[object] = ()) -> OAuthGrant | None:
     """The user's answer: ``scopes`` are what they ticked, ``asked`` what the app asked
-    for (the same, unless given). Allowed: the live connection with the ticked scopes
-    (made, or updated), audited with both; denied: audited, nothing else."""
+    for (the same, unless given), ``team_ids`` the teams they let it act for (this
+    answer's choice replaces the last). Allowed: the live connection with the ticked
+    scopes and teams (made, or updated), audited with them by id; denied: audited."""
     actor = Actor.of(user)
     asked = list(scopes if asked is None else asked)
     if not allowed:
@@ -375,14 +479,17 @@ def consent(session: Session, *, user: User, client: OAuthClient, scopes: list[s
     if not ticked:
         raise ConnectorError("Tick at least one thing the app may do, or choose Deny.",
                              "scope")
+    teams = chosen_teams(session, user.id, team_ids)
     grant = _live_grant_locked(session, user.id, client, resource)
-    before = list(grant.scopes)
+    before, teams_before = list(grant.scopes), list(grant.team_ids)
     grant.scopes = grantable(set(ticked) | ({HARD_DELETE} & set(before)), grant)
+    grant.team_ids = teams
     session.flush()
     record_event(session, action="oauth.grant", actor=actor, owner_id=user.id,
                  target_type="oauth_grant", target_id=grant.id,
                  details={"client": client.id, "asked": asked, "ticked": ticked,
-                          "scopes": grant.scopes, "before": before})
+                          "scopes": grant.scopes, "before": before, "teams": teams,
+                          "teams_before": teams_before})
     return grant
 
 
@@ -532,10 +639,16 @@ class Caller:
     client_name: str
     attribution: str
     token_expires_at: datetime
+    team_ids: tuple[int, ...] = ()  # the teams the person let it act for
+    client_pk: int | None = None  # the registered app (a team's app policy names it)
 
     @property
     def actor(self) -> Actor:
         return Actor("connector", str(self.grant_id))
+
+    @property
+    def credential(self) -> Credential:
+        return Credential(team_ids=tuple(self.team_ids), client_pk=self.client_pk)
 
 
 def authenticate_access_token(session: Session, raw: object, *, resource: str,
@@ -549,8 +662,8 @@ def authenticate_access_token(session: Session, raw: object, *, resource: str,
     row = session.execute(
         select(OAuthToken.access_expires_at, OAuthToken.scopes, OAuthToken.resource,
                OAuthGrant.id, OAuthGrant.user_id, OAuthGrant.last_used_at,
-               OAuthGrant.scopes.label("granted"),
-               OAuthClient.name, OAuthClient.attribution)
+               OAuthGrant.scopes.label("granted"), OAuthGrant.team_ids,
+               OAuthGrant.client_pk, OAuthClient.name, OAuthClient.attribution)
         .join(OAuthGrant, OAuthGrant.id == OAuthToken.grant_id)
         .join(OAuthClient, OAuthClient.id == OAuthGrant.client_pk)
         .join(User, User.id == OAuthGrant.user_id)
@@ -567,7 +680,7 @@ def authenticate_access_token(session: Session, raw: object, *, resource: str,
     # grant, a narrower consent).
     scopes = tuple(scope for scope in row.scopes if scope in row.granted)
     return Caller(row.id, row.user_id, scopes, row.name, row.attribution,
-                  row.access_expires_at)
+                  row.access_expires_at, tuple(row.team_ids), row.client_pk)
 
 
 @dataclass(frozen=True)

@@ -197,15 +197,19 @@ def form_source(uri: str) -> tuple[str, ...]:
 
 
 def _consent_page(grant: Any, client: Any, asked: list[str], resource: str, *,
-                  error: str | None = None, status: int = 200):
+                  error: str | None = None, status: int = 200, teams: list[int] = ()):
     existing = services.live_grant(db.session, current_user.id, client, resource) \
         if client.id is not None else None
     kept = services.HARD_DELETE in services.grantable(asked, existing)
+    # The person's teams, none ticked (a form sent back keeps what it ticked).
+    team_choices = services.team_choices(db.session, current_user.id, client, teams)
     response = make_response(render_template(
         "connectors/authorize.html", client=client, choices=services.consent_choices(asked),
         words=services.SCOPE_WORDS, hard_delete=services.HARD_DELETE in asked,
         hard_delete_kept=kept, redirect_host=uris.host_words(grant.redirect_uri),
-        action=request.full_path, unverified=client.kind == "registered", error=error),
+        action=request.full_path, unverified=client.kind == "registered", error=error,
+        teams=team_choices,
+        acts_for=services.acts_for(choice for choice in team_choices if choice.ticked)),
         status)
     response.headers["Cache-Control"] = "no-store"
     # The answer redirects to the app: the policy lets this form go there.
@@ -236,13 +240,15 @@ def authorize():
     grant_user = None
     if request.form.get("decision") == "allow":
         ticked = services.ticked_scopes(request.form.getlist("granted"))
+        teams = request.form.getlist("teams")
         try:
             connection = services.consent(db.session, user=current_user, client=client,
                                           scopes=ticked, asked=asked, resource=resource,
-                                          allowed=True)
-        except services.ConnectorError as exc:  # nothing ticked: asked again
+                                          allowed=True, team_ids=teams)
+        except services.ConnectorError as exc:  # nothing ticked, a team not theirs: again
             return _consent_page(grant, client, asked, resource, error=exc.sentence,
-                                 status=400)
+                                 status=400,
+                                 teams=[int(t) for t in teams if t.isdigit() and len(t) < 10])
         grant_user = oauth.Consented(current_user, connection,
                                      services.code_scopes(asked, ticked))
     else:
@@ -259,9 +265,11 @@ def authorize():
 @login_required
 def connections():
     """Every app the user authorised: what it may do, when, how often, and what it read."""
-    return render_template("connectors/connections.html",
-                           connections=services.connections_of(db.session, current_user.id),
-                           words=services.SCOPE_WORDS)
+    listed = services.connections_of(db.session, current_user.id)
+    return render_template("connectors/connections.html", connections=listed,
+                           words=services.SCOPE_WORDS,
+                           teams={c.grant.id: services.connection_teams(db.session, c.grant)
+                                  for c in listed})
 
 
 @bp.get("/settings/connections/<int:grant_id>")
@@ -270,7 +278,8 @@ def connection(grant_id: int):
     grant = _own(grant_id)
     return render_template("connectors/connection.html", grant=grant, client=grant.client,
                            log=services.access_log(db.session, grant.id),
-                           words=services.SCOPE_WORDS)
+                           words=services.SCOPE_WORDS,
+                           teams=services.connection_teams(db.session, grant))
 
 
 @bp.route("/settings/connections/<int:grant_id>/revoke", methods=["GET", "POST"])

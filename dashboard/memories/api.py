@@ -2,11 +2,11 @@
 only), the scope of the route's operation (the services' one table) and the JSON body
 are checked here, then the service, which checks the scope again; every refusal is
 ``application/problem+json``, the OpenAPI document is spectree's, written from these
-routes. docs/architecture/api.md has the order of checks."""
+routes. A call reaches the key owner's memory and the teams the key acts for
+(``reach``). docs/architecture/api.md has the order of checks."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import time
@@ -20,10 +20,12 @@ from flask_limiter.util import get_remote_address
 from werkzeug.exceptions import BadRequest
 from werkzeug.routing import BaseConverter
 
+from dashboard.access import Reach, reach_of
 from dashboard.audit.services import Actor
 from dashboard.extensions import csrf, db
+from dashboard.memories import reach as reached
 from dashboard.memories import services
-from dashboard.memories.keys import authenticate_key
+from dashboard.memories.keys import authenticate_key, credential_of
 from dashboard.memories.models import ApiKey
 from dashboard.memories.openapi import (
     ALWAYS,
@@ -55,6 +57,7 @@ from dashboard.memories.schemas import (
     SaveOut,
     SearchOut,
     SearchRequest,
+    ShareRequest,
 )
 from dashboard.memory import BuildRequest, get_embedder, recall_cut
 from dashboard.refusals import Busy, Refusal
@@ -104,6 +107,8 @@ REFUSALS = {
 @bp.errorhandler(Refusal)
 def _service_refused(exc: Refusal):
     status, title = REFUSALS.get(exc.kind, (400, "Bad request"))
+    if status == 403 and not isinstance(exc, services.ScopeMissing):
+        title = "Forbidden"  # a team role or policy, not the key's scopes
     errors = [{"field": exc.field or "body", "detail": exc.sentence}] if status == 422 \
         else None
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Busy) else None
@@ -241,6 +246,16 @@ def _actor(key: ApiKey) -> Actor:
     return Actor("api_key", str(key.id))
 
 
+def _reach(key: ApiKey) -> Reach:
+    """What this call reaches: the key owner's memory and each team the key names, the
+    owner is in now, and whose longest key lifetime it fits (read at every call)."""
+    return reach_of(db.session, key.owner_id, credential_of(key))
+
+
+def _described(reach: Reach, memory) -> dict[str, Any]:
+    return reached.described(db.session, reach, [memory])[0]
+
+
 def _build(build: BuildRequest | None) -> dict[str, Any] | None:
     return {"id": build.build_id, "merged": build.merged} if build else None
 
@@ -263,55 +278,63 @@ bp.add_url_rule("/openapi.json", view_func=openapi, methods=["GET"],
 
 
 @_route("/memories", "POST", operation="save", body=True)
-@spec.validate(json=MemoryCreate, resp=Responses(201, SaveOut, *ALWAYS, *BODY),
+@spec.validate(json=MemoryCreate, resp=Responses(201, SaveOut, *ALWAYS, 404, *BODY),
                operation_id="create_memory", tags=MEMORIES)
 def create_memory() -> ApiResult:
-    """Save a memory.
+    """Save a memory: the key owner's own, or a team's when team names one.
 
-    Says whether saved memories are remembered on the owner's plan, in the words the
-    Memory Status page uses; a quick memory build is requested either way."""
+    Says whether saved memories are remembered on the owner's plan (the team's, for a
+    team memory), in the words the Memory Status page uses; a quick memory build is
+    requested either way. The memory names its owner and who saved it with which key."""
     body: MemoryCreate = request.context.json
     key = _key()
-    saved = services.save_memory(db.session, owner=key.owner, content=body.content,
-                                 metadata=body.metadata, source=body.source,
-                                 actor=_actor(key), api_key_id=key.id, scopes=key.scopes)
-    payload = {"memory": services.memory_dict(saved.memory), "remembered": saved.remembered,
+    reach = _reach(key)
+    saved = reached.save_for(db.session, reach, team=body.team, content=body.content,
+                             metadata=body.metadata, source=body.source, actor=_actor(key),
+                             api_key_id=key.id, scopes=key.scopes)
+    payload = {"memory": _described(reach, saved.memory), "remembered": saved.remembered,
                "memory_notice": saved.sentence, "build": _build(saved.build)}
     db.session.commit()
     return payload, 201, {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
 
 
 @_route("/memories", "GET", operation="list")
-@spec.validate(query=ListQuery, resp=Responses(200, MemoryPage, *ALWAYS, 422),
+@spec.validate(query=ListQuery, resp=Responses(200, MemoryPage, *ALWAYS, 404, 422),
                operation_id="list_memories", tags=MEMORIES)
 def list_memories() -> ApiResult:
-    """List the key owner's memories, newest first.
+    """List the memories the key reaches (the owner's and its teams'), newest first;
+    team, author and app narrow it.
 
     Pass next_cursor as cursor for the next page; it is null on the last."""
     query: ListQuery = request.context.query
     key = _key()
-    page = services.list_memories(db.session, key.owner_id, status=query.status,
-                                  limit=query.limit, cursor=query.cursor or None,
-                                  scopes=key.scopes)
-    payload = {"items": [services.memory_dict(m) for m in page.items],
+    reach = _reach(key)
+    page = reached.list_for(db.session, reach,
+                            filters=reached.Filters.parse(query.team, query.author, query.app),
+                            status=query.status, limit=query.limit,
+                            cursor=query.cursor or None, scopes=key.scopes)
+    payload = {"items": reached.described(db.session, reach, page.items),
                "next_cursor": page.next_cursor}
     db.session.commit()
     return payload, 200
 
 
 @_route("/memories/search", "POST", operation="search", body=True)
-@spec.validate(json=SearchRequest, resp=Responses(200, SearchOut, *ALWAYS, *BODY),
+@spec.validate(json=SearchRequest, resp=Responses(200, SearchOut, *ALWAYS, 404, *BODY),
                operation_id="search_memories", tags=MEMORIES)
 def search_memories() -> ApiResult:
-    """Recall: the k memory chunks nearest the query, over every source the owner's last
-    build stored, each naming where it came from."""
+    """Recall: the k memory chunks nearest the query, in one search over the owner's
+    memory (every source their last build stored) and the teams the key acts for; each
+    names whose memory it is and where it came from. team, author and app narrow it."""
     body: SearchRequest = request.context.json
     embedder = get_embedder(current_app.config["EMBEDDER"])  # one per process
     key = _key()
-    hits = services.recall(db.session, key.owner_id, body.query, body.k, embedder=embedder,
-                           max_distance=recall_cut(current_app.config["RECALL_MAX_DISTANCE"]),
-                           scopes=key.scopes)
-    payload = {"results": [dataclasses.asdict(hit) for hit in hits],
+    reach = _reach(key)
+    hits = reached.recall_for(
+        db.session, reach, body.query, body.k, embedder=embedder,
+        max_distance=recall_cut(current_app.config["RECALL_MAX_DISTANCE"]),
+        scopes=key.scopes, filters=reached.Filters.parse(body.team, body.author, body.app))
+    payload = {"results": reached.described_hits(db.session, reach, hits),
                "notice": None if hits else services.NO_MATCH}
     db.session.commit()
     return payload, 200
@@ -335,10 +358,13 @@ def export_memories() -> ApiResult:
 @spec.validate(resp=Responses(200, MemoryOut, *ALWAYS, *TARGET),
                operation_id="get_memory", tags=MEMORIES)
 def get_memory(memory_id: str) -> ApiResult:
-    """Read one memory; 410 once it was hard-deleted."""
+    """Read one memory (the owner's or a team's the key acts for); 410 once it was
+    hard-deleted."""
     key = _key()
-    memory = services.find_memory(db.session, key.owner_id, memory_id, scopes=key.scopes)
-    payload = services.memory_dict(memory)
+    reach = _reach(key)
+    memory = reached.find_for(db.session, reach, memory_id, operation="get",
+                              scopes=key.scopes)
+    payload = _described(reach, memory)
     db.session.commit()
     return payload, 200
 
@@ -348,13 +374,17 @@ def get_memory(memory_id: str) -> ApiResult:
                operation_id="update_memory", tags=MEMORIES)
 def update_memory(memory_id: str) -> ApiResult:
     """Change an active memory's content and/or metadata: the previous version is kept
-    as a snapshot, the version goes up by one."""
+    as a snapshot, the version goes up by one. In a team: its admins, or its author if
+    the team's policy lets members change their own."""
     body: MemoryPatch = request.context.json
     key = _key()
-    memory, _ = services.change_memory(db.session, key.owner_id, memory_id,
+    reach = _reach(key)
+    found = reached.find_for(db.session, reach, memory_id, operation="update",
+                             scopes=key.scopes)
+    memory, _ = services.change_memory(db.session, found.owner_id, memory_id,
                                        content=body.content, metadata=body.metadata,
                                        actor=_actor(key), scopes=key.scopes)
-    payload = services.memory_dict(memory)
+    payload = _described(reach, memory)
     db.session.commit()
     return payload, 200
 
@@ -367,7 +397,9 @@ def delete_memory(memory_id: str) -> ApiResult:
     erasure receipt."""
     query: DeleteQuery = request.context.query
     key = _key()
-    receipt = services.forget_memory(db.session, key.owner_id, memory_id, mode=query.mode,
+    found = reached.find_for(db.session, _reach(key), memory_id, operation=query.mode,
+                             scopes=key.scopes)
+    receipt = services.forget_memory(db.session, found.owner_id, memory_id, mode=query.mode,
                                      actor=_actor(key), scopes=key.scopes, reason=query.reason)
     payload = {"receipt": receipt.to_dict()}
     db.session.commit()
@@ -385,13 +417,17 @@ def forget_memory(memory_id: str) -> ApiResult:
     hard_delete leaves only the erasure receipt. It stops being recalled at once."""
     body: MemoryForgetRequest = request.context.json
     key = _key()
+    reach = _reach(key)
+    found = reached.find_for(db.session, reach, memory_id, operation=body.mode,
+                             scopes=key.scopes)
+    owner_id = found.owner_id
     receipt = services.forget_memory(
-        db.session, key.owner_id, memory_id, mode=body.mode, actor=_actor(key),
+        db.session, owner_id, memory_id, mode=body.mode, actor=_actor(key),
         scopes=key.scopes, reason=body.reason, replacement_content=body.replacement_content,
         metadata=body.metadata)
     # What the forget left, read as its own result (no second scope, as its receipt).
     memory = None if body.mode == "hard_delete" else \
-        services.memory_dict(services.find_memory(db.session, key.owner_id, memory_id))
+        _described(reach, services.find_memory(db.session, owner_id, memory_id))
     payload = {"receipt": receipt.to_dict(), "memory": memory}
     db.session.commit()
     return payload, 200
@@ -406,27 +442,51 @@ def restore_memory(memory_id: str) -> ApiResult:
     (409); a hard-deleted one is gone (410)."""
     body: MemoryRestoreRequest = request.context.json or MemoryRestoreRequest()
     key = _key()
-    receipt = services.restore_memory(db.session, key.owner_id, memory_id, actor=_actor(key),
+    reach = _reach(key)
+    owner_id = reached.find_for(db.session, reach, memory_id, operation="restore",
+                                scopes=key.scopes).owner_id
+    receipt = services.restore_memory(db.session, owner_id, memory_id, actor=_actor(key),
                                       scopes=key.scopes, reason=body.reason,
                                       metadata=body.metadata)
-    memory = services.find_memory(db.session, key.owner_id, memory_id)
-    payload = {"memory": services.memory_dict(memory), "receipt": receipt.to_dict(),
+    memory = services.find_memory(db.session, owner_id, memory_id)
+    payload = {"memory": _described(reach, memory), "receipt": receipt.to_dict(),
                "build": _build(receipt.build)}
     db.session.commit()
     return payload, 200
+
+
+@_route("/memories/<memory_id:memory_id>/share", "POST", operation="save", body=True)
+@spec.validate(json=ShareRequest,
+               resp=Responses(201, SaveOut, *ALWAYS, *TARGET, 409, *BODY),
+               operation_id="share_memory", tags=MEMORIES)
+def share_memory(memory_id: str) -> ApiResult:
+    """Share one of the key owner's own active memories to a team: a copy owned by the
+    team, naming the original as its provenance (the original stays the owner's).
+
+    The key must act for the team, and the owner's role there must let them share."""
+    body: ShareRequest = request.context.json
+    key = _key()
+    reach = _reach(key)
+    saved = reached.share_to_team(db.session, reach, memory_id, body.team, actor=_actor(key),
+                                  api_key_id=key.id, scopes=key.scopes)
+    payload = {"memory": _described(reach, saved.memory), "remembered": saved.remembered,
+               "memory_notice": saved.sentence, "build": _build(saved.build)}
+    db.session.commit()
+    return payload, 201, {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
 
 
 @_route("/memories/<memory_id:memory_id>/receipts", "GET", operation="receipts")
 @spec.validate(resp=Responses(200, ReceiptList, *ALWAYS, 404),
                operation_id="list_memory_receipts", tags=RECEIPTS)
 def list_memory_receipts(memory_id: str) -> ApiResult:
-    """The erasure receipts of one memory, oldest first; they remain after a hard
-    delete."""
+    """The erasure receipts of one memory (the owner's or a team's the key acts for),
+    oldest first; they remain after a hard delete."""
     key = _key()
-    owner_id = key.owner_id
-    receipts = services.receipts_of_memory(db.session, owner_id, memory_id, scopes=key.scopes)
+    reach = _reach(key)
+    receipts = services.receipts_of_memory(db.session, reach.owner_ids, memory_id,
+                                           scopes=key.scopes)
     if not receipts:
-        services.find_memory(db.session, owner_id, memory_id)  # none at all: 404
+        reached.find_for(db.session, reach, memory_id)  # none at all: 404
     payload = {"items": [receipt.to_dict() for receipt in receipts]}
     db.session.commit()
     return payload, 200
@@ -436,9 +496,10 @@ def list_memory_receipts(memory_id: str) -> ApiResult:
 @spec.validate(resp=Responses(200, ReceiptOut, *ALWAYS, 404),
                operation_id="get_erasure_receipt", tags=RECEIPTS)
 def get_erasure_receipt(marker_id: str) -> ApiResult:
-    """One erasure receipt, by the marker_id a forget or restore returned."""
+    """One erasure receipt, by the marker_id a forget or restore returned (of the owner's
+    memory or a team's the key acts for)."""
     key = _key()
-    payload = services.find_receipt(db.session, key.owner_id, marker_id,
+    payload = services.find_receipt(db.session, _reach(key).owner_ids, marker_id,
                                     scopes=key.scopes).to_dict()
     db.session.commit()
     return payload, 200

@@ -20,6 +20,7 @@ from wtforms.fields import SelectChoice
 from wtforms.validators import Optional
 from wtforms.widgets import CheckboxInput, ListWidget
 
+from dashboard.access import Reach, TeamTerms, reach_of, team_terms
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
 from dashboard.ids import parse_id
@@ -41,6 +42,18 @@ class KeyForm(FlaskForm):
         default=["memory:read"], validate_choice=False,
         widget=ListWidget(prefix_label=False), option_widget=CheckboxInput())
     expires_at = DateField("Expires after (optional)", validators=[Optional()])
+    # Choices: the teams the owner is in (``_with_teams``); none ticked unless chosen.
+    teams = SelectMultipleField("Teams it may act for", choices=[], coerce=str,
+                                validate_choice=False, widget=ListWidget(prefix_label=False),
+                                option_widget=CheckboxInput())
+
+
+def _with_teams(form: KeyForm, reach: Reach) -> dict[int, int | None]:
+    """Offer the owner's teams as boxes; answers each team's longest key lifetime."""
+    seats = sorted(reach.seats.values(), key=lambda seat: (seat.name, seat.team_id))
+    form.teams.choices = [SelectChoice(str(seat.team_id), seat.name) for seat in seats]
+    return {team_id: terms.max_key_days
+            for team_id, terms in team_terms(db.session, reach.seats).items()}
 
 
 def _expiry(day: date | None) -> datetime | None:
@@ -60,9 +73,35 @@ def _own_or_404(raw_id: object, *, lock: bool = False) -> ApiKey:
     return key
 
 
+def key_teams(key: ApiKey, named: dict[int, TeamTerms], reach: Reach
+              ) -> list[tuple[str, str | None]]:
+    """The teams a key names, by name, each with why it does not act for it now (its
+    owner left, or it lives longer than the team allows since), if so."""
+    out = []
+    for team_id in key.team_ids:
+        terms = named.get(team_id)
+        if terms is None:
+            continue  # a team that no longer exists
+        note = None
+        if team_id not in reach.seats:
+            note = "you are no longer in it"
+        elif terms.max_key_days is not None and (
+                key.expires_at is None
+                or key.expires_at > key.created_at + timedelta(days=terms.max_key_days)):
+            note = f"it lives longer than the team's {terms.max_key_days} days"
+        out.append((terms.name, note))
+    return sorted(out)
+
+
 def _render_index(form: KeyForm, status: int = 200):
+    reach = reach_of(db.session, current_user.id)
+    limits = _with_teams(form, reach)
+    listed = keys.list_keys(db.session, owner_id=current_user.id)
+    named = team_terms(db.session, {t for key in listed for t in key.team_ids})
     return render_template("settings/keys.html", form=form, now=datetime.now(UTC),
-                           keys=keys.list_keys(db.session, owner_id=current_user.id)), status
+                           keys=listed, limits=limits,
+                           teams_of={key.id: key_teams(key, named, reach) for key in listed}
+                           ), status
 
 
 @bp.route("/", methods=["GET", "POST"])
@@ -78,13 +117,14 @@ def index():
         key, secret = keys.create_key(
             db.session, owner=current_user, name=form.name.data or "",
             scopes=form.scopes.data or [], expires_at=_expiry(form.expires_at.data),
-            actor=Actor.of(current_user))
+            actor=Actor.of(current_user), team_ids=form.teams.data or [])
     except FieldError as exc:
         getattr(form, exc.field).errors.append(exc.sentence)
         return _render_index(form, 400)
+    named = team_terms(db.session, key.team_ids)
     db.session.commit()
     response = make_response(render_template("settings/keys_created.html", key=key,
-                                             secret=secret))
+                                             secret=secret, named=named))
     response.headers["Cache-Control"] = "no-store"
     response.headers["Pragma"] = "no-cache"
     return response

@@ -5,7 +5,9 @@ A key is ``op_<12 hex>_<43 urlsafe>``: the first 15 characters are the stored, v
 prefix (for lookup); the whole string is hashed. A key is revoked, never deleted: the
 memories it saved keep their attribution and the audit log its history. Audit events name
 the key by id and prefix — never the secret, its hash, or the name its owner gave it (the
-owner's own words, which staff pages never show)."""
+owner's own words, which staff pages never show). A key names the teams it may act for
+(each still needs its owner's membership, and an expiry within the team's longest key
+lifetime, at every call: ``dashboard.access``); audited by their ids."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from dashboard.access import Credential, reach_of, team_terms
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.memories.models import SCOPES, ApiKey
@@ -63,8 +66,41 @@ def _new_prefix(session: Session) -> str:
 
 
 def _audit_details(key: ApiKey) -> dict[str, object]:
-    return {"prefix": key.prefix, "scopes": list(key.scopes),
+    return {"prefix": key.prefix, "scopes": list(key.scopes), "teams": list(key.team_ids),
             "expires_at": key.expires_at.isoformat() if key.expires_at else None}
+
+
+def credential_of(key: ApiKey) -> Credential:
+    """What a call made with ``key`` may act for: the teams it names, while it ends
+    within each one's longest key lifetime."""
+    return Credential(team_ids=tuple(key.team_ids), key_created_at=key.created_at,
+                      key_expires_at=key.expires_at)
+
+
+def check_key_teams(session: Session, owner_id: int, team_ids: Iterable[object], *,
+                    expires_at: datetime | None, now: datetime) -> list[int]:
+    """The teams a new key may name: teams its owner is in, each letting a key of this
+    lifetime act for it (``max_key_days``); refused naming the team and its limit."""
+    wanted = set()
+    for value in team_ids:
+        try:
+            wanted.add(int(value))  # type: ignore[call-overload]
+        except (TypeError, ValueError, OverflowError):
+            raise ApiKeyError("Choose teams from the list.", "teams") from None
+    if not wanted:
+        return []
+    if not wanted <= set(reach_of(session, owner_id).seats):
+        raise ApiKeyError("Choose teams from the list.", "teams")
+    terms = team_terms(session, wanted)
+    for team in sorted(terms.values(), key=lambda t: (t.name, t.team_id)):
+        days = team.max_key_days
+        if days is None:
+            continue
+        if expires_at is None or expires_at > now + timedelta(days=days):
+            raise ApiKeyError(f"{team.name} lets a key act for it for at most {days} days: "
+                              "choose an expiry date within that, or leave the team out.",
+                              "expires_at")
+    return sorted(wanted)
 
 
 def validate_scopes(scopes: Iterable[str]) -> list[str]:
@@ -83,9 +119,11 @@ def validate_scopes(scopes: Iterable[str]) -> list[str]:
 
 def create_key(session: Session, *, owner: User, name: str, scopes: Iterable[str],
                expires_at: datetime | None = None, actor: Actor,
-               now: datetime | None = None) -> tuple[ApiKey, str]:
-    """A new key for ``owner`` and its secret. The secret is returned here and nowhere
-    else: only its prefix and hash are stored."""
+               now: datetime | None = None, team_ids: Iterable[object] = ()
+               ) -> tuple[ApiKey, str]:
+    """A new key for ``owner`` and its secret, acting for the teams ``team_ids`` names
+    (``check_key_teams``). The secret is returned here and nowhere else: only its
+    prefix and hash are stored."""
     now = now or datetime.now(UTC)
     name = (name or "").strip()
     if not 1 <= len(name) <= MAX_NAME:
@@ -96,10 +134,13 @@ def create_key(session: Session, *, owner: User, name: str, scopes: Iterable[str
             raise ValueError("expires_at must be timezone-aware")
         if expires_at <= now:
             raise ApiKeyError("The expiry must be in the future.", "expires_at")
+    teams = check_key_teams(session, owner.id, team_ids, expires_at=expires_at, now=now)
     prefix = _new_prefix(session)
     raw = f"{prefix}_{secrets.token_urlsafe(_SECRET_BYTES)}"
+    # Made at ``now``: a team's longest lifetime is counted from the moment checked here.
     key = ApiKey(owner_id=owner.id, name=name, prefix=prefix, key_hash=hash_key(raw),
-                 scopes=chosen, created_by_id=actor.user_id, expires_at=expires_at)
+                 scopes=chosen, created_by_id=actor.user_id, expires_at=expires_at,
+                 created_at=now, team_ids=teams)
     session.add(key)
     session.flush()
     record_event(session, action="api_key.create", actor=actor, owner_id=owner.id,

@@ -40,6 +40,7 @@ class Memory(db.Model):
         CheckConstraint(f"status IN {MEMORY_STATUSES!r}", name="status"),
         CheckConstraint("version >= 1", name="version_positive"),
         Index("ix_memories_owner_id_status_created_at", "owner_id", "status", "created_at"),
+        Index("ix_memories_owner_id_author_id", "owner_id", "author_id"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(
@@ -56,8 +57,17 @@ class Memory(db.Model):
     status: Mapped[str] = mapped_column(String(16), default="active", server_default="active")
     version: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
-    # The connected app it was saved through, by the name that app gave itself.
+    # The connected app it was saved through, by the name that app gave itself (a claim).
     client_name: Mapped[str | None] = mapped_column(String(200))
+    # Who saved it and with which credential (what the credential proves, never what a
+    # client says): the person, and the registered app (the key is ``api_key_id``).
+    # A team's memory is owned by the team's account; its author is the member.
+    author_id: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"))
+    oauth_client_pk: Mapped[int | None] = mapped_column(
+        BigInteger, ForeignKey("oauth_clients.id", ondelete="SET NULL"))
+    # A copy shared to a team: the personal memory it was copied from (no foreign key:
+    # the copy's provenance outlives the original).
+    shared_from_id: Mapped[uuid.UUID | None] = mapped_column(UUID(as_uuid=True))
     created_at: Mapped[datetime] = created_at_column()
     updated_at: Mapped[datetime] = updated_at_column()
     deleted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -151,5 +161,8 @@ class ApiKey(db.Model):
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # The teams it may act for (each still needs its owner's membership at every call).
+    team_ids: Mapped[list[int]] = mapped_column(ARRAY(Integer), default=list,
+                                                server_default="{}")
 
     owner: Mapped[User] = relationship(foreign_keys=[owner_id])

@@ -73,8 +73,11 @@ BODY = (413, 415, 422)
 PROBLEM_DESCRIPTIONS = {
     400: "A key in the URL, malformed JSON, or input that cannot be stored (NUL, not UTF-8).",
     401: f"No live API key in {HEADER}: missing, malformed, unknown, revoked or expired.",
-    403: "The key lacks the scope this call, or this mode, needs.",
-    404: "Nothing with this id among the key owner's (the same answer for someone else's).",
+    403: "The key lacks the scope this call, or this mode, needs; or, in a team, the key "
+         "owner's role (or the team's policy) does not allow it.",
+    404: "Nothing with this id (or no team by this name) among what the key reaches: its "
+         "owner's memory and the teams it acts for (the same answer for someone else's, "
+         "and for a team the key does not act for).",
     409: "The memory's state does not allow this (e.g. restoring a redacted memory).",
     410: "The memory was permanently deleted; only its erasure receipts remain.",
     413: "The body is larger than the server accepts.",

@@ -21,11 +21,15 @@ from flask import (
 )
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
-from wtforms import HiddenField, TextAreaField
+from sqlalchemy import select
+from wtforms import HiddenField, SelectField, TextAreaField
+from wtforms.fields import SelectChoice
 
+from dashboard.access import Action, TeamSeat, may, reach_of
 from dashboard.audit.services import Actor
 from dashboard.errors import refusal_status
 from dashboard.extensions import db
+from dashboard.memories import reach as reached
 from dashboard.memories import services
 from dashboard.memories.models import MEMORY_STATUSES, Memory
 from dashboard.memories.services import (
@@ -120,6 +124,10 @@ class RestoreForm(FlaskForm):
                            render_kw={"rows": 2, "maxlength": MAX_REASON})
 
 
+class ShareForm(FlaskForm):
+    team = SelectField("Team to share it with", choices=[], validate_choice=False)
+
+
 def _refuse(exc: Refusal) -> NoReturn:
     abort(refusal_status(exc), exc.sentence)
 
@@ -164,7 +172,7 @@ def index():
     source, sentence = sentence_for(current_user, SAVED)
     return render_template("memories/memories.html", page=page, status=status, cursor=cursor,
                            statuses=STATUS_FILTERS, source=source, sentence=sentence,
-                           hard_delete=HARD_DELETE)
+                           hard_delete=HARD_DELETE, share=bool(_share_seats()))
 
 
 @bp.route("/<memory_id>")
@@ -266,6 +274,65 @@ def restore(memory_id: str | None = None):
     flash("Memory restored: it will be recalled again after your next memory update.",
           "success")
     return redirect(url_for("memories.detail", memory_id=memory_id))
+
+
+def _share_seats() -> list[TeamSeat]:
+    """The teams the signed-in person may share to (their role, the team's policy)."""
+    seats = reach_of(db.session, current_user.id).seats.values()
+    return sorted((s for s in seats if may(s, Action.SHARE)), key=lambda s: s.name.lower())
+
+
+@bp.route("/<memory_id>/share", methods=["GET", "POST"])
+@login_required
+def share(memory_id: str):
+    """GET asks which team to share the memory with; POST copies it there with its
+    provenance (``reach.share_to_team``), deliberately: the original stays the person's.
+    A second click finds the copy the first made and answers as it did."""
+    memory = _find(memory_id)
+    seats = _share_seats()
+    form = ShareForm()
+    form.team.choices = [SelectChoice(s.slug, s.name) for s in seats]
+
+    def page(status: int = 200, error: str | None = None) -> Any:
+        return render_template("memories/memory_share.html", memory=memory, form=form,
+                               seats=seats, error=error), status
+
+    if request.method != "POST":  # GET and HEAD show; only a POST changes
+        return page()
+    if not form.validate_on_submit():
+        return page(400)
+    seat = next((s for s in seats if s.slug == form.team.data), None)
+    if seat is None:
+        form.team.errors = [*form.team.errors, "Choose one of your teams from the list."]
+        return page(400)
+    # The original's row lock: two clicks at once take turns, the second finds the copy.
+    original = _find_locked(memory.id)
+    copy = db.session.scalar(select(Memory.id).where(
+        Memory.owner_id == seat.team_id, Memory.shared_from_id == original.id,
+        Memory.author_id == current_user.id, Memory.status == "active").limit(1))
+    if copy is None:
+        try:
+            copy = reached.share_to_team(db.session, reach_of(db.session, current_user.id),
+                                         original.id, seat.slug,
+                                         actor=Actor.of(current_user)).memory.id
+        except MemoryConflict as exc:
+            db.session.rollback()
+            return page(refusal_status(exc), exc.sentence)
+        except Refusal as exc:
+            db.session.rollback()
+            _refuse(exc)
+    db.session.commit()
+    flash(f"Shared with {seat.name}: a copy of it is now the team's memory (yours stays "
+          "yours).", "success")
+    return redirect(url_for("team_memories.index", slug=seat.slug, _anchor=f"memory-{copy}"),
+                    303)
+
+
+def _find_locked(memory_id: object) -> Memory:
+    try:
+        return services.find_memory(db.session, current_user.id, memory_id, lock=True)
+    except Refusal as exc:
+        _refuse(exc)
 
 
 @bp.route("/receipts/<marker_id>")

@@ -44,6 +44,11 @@ NO_NUL = r"^[^\x00]*$"
 Text = Annotated[str, StringConstraints(min_length=1, max_length=MAX_CONTENT, pattern=NO_NUL)]
 Reason = Annotated[str, StringConstraints(max_length=MAX_REASON, pattern=NO_NUL)]
 Metadata = dict[str, Any]
+# A team's slug (or "personal" where a filter takes it): whatever it says, a team the key
+# does not reach is the same 404 as one that does not exist.
+TeamSlug = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern=NO_NUL)]
+AppFilter = Annotated[str, StringConstraints(min_length=1, max_length=2048, pattern=NO_NUL)]
+PersonId = Annotated[int, Field(ge=1, le=2**31 - 1)]
 
 
 def _whole_number(value: Any) -> Any:
@@ -59,6 +64,11 @@ WholeNumber = Annotated[int, BeforeValidator(_whole_number), Field(strict=True)]
 METADATA_HELP = (f"A JSON object of your own (at most {MAX_METADATA_BYTES:,} bytes as compact "
                  "JSON). Never read by OrbitPilot, never recalled.")
 REASON_HELP = f"Why (at most {MAX_REASON} characters); kept on the erasure receipt."
+TEAM_FILTER_HELP = ("Only this team's memories (its slug), or \"personal\" for the key "
+                    "owner's own; left out: both, every team the key acts for.")
+AUTHOR_HELP = "Only memories this person saved (their user id)."
+APP_HELP = ("Only memories saved through this app: an OAuth client_id, key:<id> for an API "
+            "key, or orbitpilot for OrbitPilot's own pages.")
 
 
 def _no_default(schema: dict[str, Any]) -> None:
@@ -87,7 +97,12 @@ class MemoryCreate(_Body):
     content: Text = Field(description=(
         f"The memory's text: 1 to {MAX_CONTENT:,} characters, not blank."))
     metadata: Metadata | None = optional(description=METADATA_HELP)
-    source: Source = Field("api", description="The client that saves it.")
+    source: Source = Field("api", description=(
+        "The client that saves it, as it says: kept as its claim. Who saved it is read "
+        "from the key (attribution)."))
+    team: TeamSlug | None = optional(description=(
+        "Save to this team (its slug) instead of your own memory: deliberate, never a "
+        "default. The key must act for the team and your role must let you write there."))
 
 
 class MemoryPatch(_Body):
@@ -113,6 +128,15 @@ class SearchRequest(_Body):
         "very common words such as \u201cthe\u201d is refused with 422)."))
     k: WholeNumber = Field(5, ge=1, le=MAX_RECALL_K,
                            description=f"How many chunks, 1 to {MAX_RECALL_K}.")
+    team: TeamSlug | None = optional(description=TEAM_FILTER_HELP)
+    author: PersonId | None = optional(description=AUTHOR_HELP)
+    app: AppFilter | None = optional(description=APP_HELP)
+
+
+class ShareRequest(_Body):
+    team: TeamSlug = Field(description=(
+        "The team (its slug) to share a copy to; the original stays yours, the copy "
+        "names it as its provenance."))
 
 
 class MemoryForgetRequest(_Body):
@@ -143,6 +167,9 @@ class ListQuery(BaseModel):
     cursor: str = Field("", description="next_cursor of the previous page; empty: the first.")
     status: Status | SkipJsonSchema[None] = optional(description="Only memories in this "
                                                                  "status.")
+    team: TeamSlug | SkipJsonSchema[None] = optional(description=TEAM_FILTER_HELP)
+    author: PersonId | SkipJsonSchema[None] = optional(description=AUTHOR_HELP)
+    app: AppFilter | SkipJsonSchema[None] = optional(description=APP_HELP)
 
 
 class DeleteQuery(BaseModel):
@@ -153,19 +180,54 @@ class DeleteQuery(BaseModel):
 
 # -- responses -----------------------------------------------------------------------------
 
-class MemoryOut(BaseModel):
+class ExportedMemory(BaseModel):
     id: uuid.UUID
     content: str
     metadata: dict[str, Any]
-    source: Source
+    source: Source = Field(description="The client that saved it, as that client said: a "
+                                       "claim (attribution says what the credential proves).")
     client_name: str | None = Field(description="The connected app it was saved through, "
-                                                "by the name it gave itself.")
+                                                "by the name it gave itself: a claim.")
     status: Status
     version: int
     created_at: datetime
     updated_at: datetime | None
     deleted_at: datetime | None
     redacted_at: datetime | None
+
+
+class KeyRef(BaseModel):
+    id: int
+    name: str
+    prefix: str
+
+
+class AppRef(BaseModel):
+    client_id: str = Field(description="The registered app's client_id (proved by its "
+                                       "token).")
+    claimed_name: str | None = Field(description="The name the app gave itself: its claim, "
+                                                 "not a fact.")
+
+
+class Attribution(BaseModel):
+    """Who saved a memory and with which credential, as the credential proves it."""
+
+    owner: str = Field(description="\"personal\", or the team's slug.")
+    owner_name: str
+    author_id: int | None = Field(description="Who saved it (null: a former member of the "
+                                              "team).")
+    author: str = Field(description="\"you\", a member's name, or \"a former member\".")
+    via: str = Field(description="The credential it came through, in words: an API key "
+                                 "by its name and prefix, an app by its client_id (its "
+                                 "own name marked as its claim), or OrbitPilot.")
+    key: KeyRef | None
+    app: AppRef | None
+
+
+class MemoryOut(ExportedMemory):
+    owner: str = Field(description="Whose memory: \"personal\" (the key owner's) or the "
+                                   "team's slug.")
+    attribution: Attribution
 
 
 class BuildOut(BaseModel):
@@ -195,6 +257,9 @@ class RecallHit(BaseModel):
     memory_id: str | None = Field(description="The saved memory it came from, if any.")
     source_id: str
     chunk_index: int
+    owner: str = Field(description="Whose memory: \"personal\" or the team's slug.")
+    attribution: Attribution | None = Field(description="For a saved memory: who saved it "
+                                                        "with what.")
 
 
 class SearchOut(BaseModel):
@@ -290,7 +355,7 @@ class ExportChunk(BaseModel):
 class ExportOut(BaseModel):
     owner_id: int
     exported_at: datetime
-    memories: list[MemoryOut]
+    memories: list[ExportedMemory]
     chunks: list[ExportChunk]
 
 

@@ -10,7 +10,7 @@ import binascii
 import json
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -248,12 +248,12 @@ class Page:
     next_cursor: str | None
 
 
-def _encode_cursor(memory: Memory) -> str:
+def encode_cursor(memory: Memory) -> str:
     raw = json.dumps([memory.created_at.isoformat(), str(memory.id)]).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         created, id_ = json.loads(raw)
@@ -292,13 +292,13 @@ def list_memories(session: Session, owner_id: int, *, status: str | None = None,
                                      "status")
         query = query.where(Memory.status == status)
     if cursor:
-        at, id_ = _decode_cursor(cursor)
+        at, id_ = decode_cursor(cursor)
         query = query.where(tuple_(Memory.created_at, Memory.id) < tuple_(at, id_))
     rows = list(session.scalars(
         query.order_by(Memory.created_at.desc(), Memory.id.desc()).limit(size + 1)))
     more = len(rows) > size
     rows = rows[:size]
-    return Page(rows, _encode_cursor(rows[-1]) if more and rows else None)
+    return Page(rows, encode_cursor(rows[-1]) if more and rows else None)
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -319,14 +319,20 @@ def _remembered(session: Session, owner: Any) -> tuple[bool, str]:
 
 def save_memory(session: Session, *, owner: Any, content: object, metadata: object = None,
                 source: object = "api", actor: Actor, api_key_id: int | None = None,
-                client_name: str | None = None, scopes: Scopes = None) -> Saved:
-    """Save a memory and request a quick update for its owner; says whether saved
-    memories are remembered on the owner's plan (the status sentence)."""
+                client_name: str | None = None, scopes: Scopes = None,
+                author_id: int | None = None, oauth_client_pk: int | None = None,
+                shared_from_id: uuid.UUID | None = None) -> Saved:
+    """Save a memory and request a quick update for its owner (a person, or a team's
+    account); says whether saved memories are remembered on the owner's plan (the status
+    sentence). ``author_id``: who saved it (the owner when not given); the key or the
+    registered app it came through."""
     check_scope(scopes, "save")
     memory = Memory(owner_id=owner.id, content=check_content(content),
                     metadata_=check_metadata(metadata), source=check_source(source),
                     status="active", version=1, api_key_id=api_key_id,
-                    client_name=client_name)
+                    client_name=client_name,
+                    author_id=author_id if author_id is not None else owner.id,
+                    oauth_client_pk=oauth_client_pk, shared_from_id=shared_from_id)
     session.add(memory)
     session.flush()
     record_event(session, action="memory.create", actor=actor, owner_id=owner.id,
@@ -487,22 +493,27 @@ def receipt_of(session: Session, marker: ForgetMarker, *,
                            for c in marker.copies} if marker.copies is not None else None)
 
 
-def find_receipt(session: Session, owner_id: int, marker_id: object, *,
+def _owner_in(column: Any, owner_ids: int | Sequence[int]) -> Any:
+    return column == owner_ids if isinstance(owner_ids, int) else column.in_(owner_ids)
+
+
+def find_receipt(session: Session, owner_ids: int | Sequence[int], marker_id: object, *,
                  scopes: Scopes = None) -> Receipt:
-    """The owner's erasure receipt ``marker_id`` (404 alike for someone else's)."""
+    """The owner's (or one of the owners': a person's teams) erasure receipt
+    ``marker_id`` (404 alike for someone else's)."""
     check_scope(scopes, "receipts")
     # ASCII digits within the integer column only: "١", "1_0" or 2**40 name no marker.
     id_ = marker_id if type(marker_id) is int else parse_id(str(marker_id))
     marker = session.scalars(select(ForgetMarker).where(
-        ForgetMarker.id == id_, ForgetMarker.owner_id == owner_id)).first() \
+        ForgetMarker.id == id_, _owner_in(ForgetMarker.owner_id, owner_ids))).first() \
         if id_ is not None and 0 < id_ <= INT4_MAX else None
     if marker is None:
         raise MemoryNotFound("There is no such erasure receipt among yours.")
     return receipt_of(session, marker)
 
 
-def receipts_of_memory(session: Session, owner_id: int, memory_id: object, *,
-                       scopes: Scopes = None) -> list[Receipt]:
+def receipts_of_memory(session: Session, owner_ids: int | Sequence[int], memory_id: object,
+                       *, scopes: Scopes = None) -> list[Receipt]:
     check_scope(scopes, "receipts")
     parsed = parse_memory_id(memory_id)
     if parsed is None:
@@ -510,7 +521,8 @@ def receipts_of_memory(session: Session, owner_id: int, memory_id: object, *,
     rows = session.execute(
         select(ForgetMarker, AuditEvent.hash)
         .outerjoin(AuditEvent, AuditEvent.id == ForgetMarker.audit_event_id)
-        .where(ForgetMarker.memory_id == parsed, ForgetMarker.owner_id == owner_id)
+        .where(ForgetMarker.memory_id == parsed,
+               _owner_in(ForgetMarker.owner_id, owner_ids))
         .order_by(ForgetMarker.id))
     return [receipt_of(session, marker, audit_hash=hash_) for marker, hash_ in rows]
 
@@ -732,15 +744,19 @@ class Recalled:
     memory_id: str | None
     source_id: str
     chunk_index: int
+    owner_id: int = 0  # whose memory: the caller's own, or a team's account
 
 
-def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Embedder,
-           max_distance: RecallCut = None, scopes: Scopes = None) -> list[Recalled]:
-    """Top-k over the owner's chunks (every source), each naming where it came from; a
-    query with nothing to search on is refused (``NothingToSearch``, field "query")."""
+def recall(session: Session, owner_ids: int | Sequence[int], query: str, k: int, *,
+           embedder: Embedder, max_distance: RecallCut = None,
+           scopes: Scopes = None) -> list[Recalled]:
+    """Top-k over the owners' chunks (every source; a person's and their teams' in one
+    search), each naming where it came from; a query with nothing to search on is refused
+    (``NothingToSearch``, field "query")."""
     check_scope(scopes, "search")
     query = check_content(query, "query")
-    hits = search_memory(session, owner_id, query, max(1, min(int(k), MAX_RECALL_K)),
+    owners = [owner_ids] if isinstance(owner_ids, int) else list(owner_ids)
+    hits = search_memory(session, owners, query, max(1, min(int(k), MAX_RECALL_K)),
                          embedder=embedder, max_distance=max_distance)
     saved_ids = [parse_memory_id(h.source_id) for h in hits if h.source_key == SAVED]
     origins: dict[str, str] = {}
@@ -748,7 +764,7 @@ def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Emb
         origins = {str(id_): source for id_, source in session.execute(
             select(Memory.id, Memory.source).where(
                 Memory.id.in_([i for i in saved_ids if i is not None]),
-                Memory.owner_id == owner_id, Memory.status == "active"))}
+                Memory.owner_id.in_(owners), Memory.status == "active"))}
     out = []
     for hit in hits:
         if hit.source_key == SAVED:
@@ -756,10 +772,10 @@ def recall(session: Session, owner_id: int, query: str, k: int, *, embedder: Emb
                 continue  # forgotten in a transaction this one already sees
             out.append(Recalled(hit.content, hit.distance, hit.source_key,
                                 origins[hit.source_id], hit.source_id, hit.source_id,
-                                hit.chunk_index))
+                                hit.chunk_index, hit.owner_id))
         else:
             out.append(Recalled(hit.content, hit.distance, hit.source_key, hit.source_key,
-                                None, hit.source_id, hit.chunk_index))
+                                None, hit.source_id, hit.chunk_index, hit.owner_id))
     return out
 
 

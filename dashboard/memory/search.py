@@ -1,19 +1,26 @@
-"""Retrieval: the top k chunks of one user by cosine distance. A user whose note says
-``ann_ready`` (every row in the partial HNSW index) gets the index with iterative scans,
-topped up exactly if it comes back short; any other user — below ANN_MIN_CHUNKS, or with
-the indexing job still moving rows in — an exact scan (min(k, owned) rows, zero vectors
-aside, in exact order). docs/architecture/retrieval.md."""
+"""Retrieval: the top k chunks of one owner, or of several at once (a person and their
+teams), by cosine distance. An owner whose note says ``ann_ready`` (every row in the
+partial HNSW index) gets the index with iterative scans, topped up exactly if it comes
+back short; every other owner — below ANN_MIN_CHUNKS, or with the indexing job still
+moving rows in — an exact scan (min(k, owned) rows, zero vectors aside, in exact order),
+all such owners in one statement. docs/architecture/retrieval.md."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import func, select, text
+from sqlalchemy import Boolean, Integer, String, column, func, literal, select, text, values
 from sqlalchemy.orm import Session
 
-from dashboard.memory.embedders import Embedder, RecallCut, embedder_for_model, match_distance
+from dashboard.memory.embedders import (
+    Embedder,
+    RecallCut,
+    embedder_for_model,
+    match_distance,
+)
 from dashboard.memory.models import MemoryChunk, MemoryState
 from dashboard.refusals import Refusal
 
@@ -38,6 +45,7 @@ class Hit:
     chunk_index: int
     content: str
     distance: float
+    owner_id: int = 0  # whose memory it is: the person's, or a team's
 
 
 def _columns():
@@ -45,25 +53,33 @@ def _columns():
             MemoryChunk.chunk_index, MemoryChunk.content)
 
 
-def _exact(session: Session, user_id: int, vector: np.ndarray, k: int,
-           model: str) -> list[Hit]:
-    # The user's rows (btree on user_id), each distance computed once, the top k kept
-    # (a top-N sort of ids and distances), then only those k rows read whole: carrying
-    # every row's content through the sort took twice as long at 50,000 chunks.
-    # MATERIALIZED: whatever indexes come, the planner cannot make it anything else.
+def _hit(row) -> Hit:
+    return Hit(*row[:6], owner_id=row[6])
+
+
+def _top_exact(owner_ids: Sequence[int] | object, vector: np.ndarray, k: int, model: str):
+    """The exact top k (id, distance) of the owners' rows (btree on user_id), each distance
+    computed once, before any row is read whole: carrying every row's content through the
+    sort took twice as long at 50,000 chunks. MATERIALIZED: whatever indexes come, the
+    planner cannot make it anything else."""
     distance = MemoryChunk.embedding.cosine_distance(vector).label("distance")
-    top = (
-        select(MemoryChunk.id, distance)
-        .where(MemoryChunk.user_id == user_id, MemoryChunk.embedding_model == model)
-        .order_by(distance, MemoryChunk.id).limit(k)
-        .cte("top").prefix_with("MATERIALIZED")
-    )
+    owners = MemoryChunk.user_id.in_(owner_ids) if not isinstance(owner_ids, int) \
+        else MemoryChunk.user_id == owner_ids
+    return (select(MemoryChunk.id, distance)
+            .where(owners, MemoryChunk.embedding_model == model)
+            .order_by(distance, MemoryChunk.id).limit(k)
+            .cte("top").prefix_with("MATERIALIZED"))
+
+
+def _exact(session: Session, owner_ids: int | Sequence[int], vector: np.ndarray, k: int,
+           model: str) -> list[Hit]:
+    top = _top_exact(owner_ids, vector, k, model)
     rows = session.execute(
-        select(*_columns(), top.c.distance)
+        select(*_columns(), top.c.distance, MemoryChunk.user_id)
         .join(top, top.c.id == MemoryChunk.id)
         .order_by(top.c.distance, top.c.id)
     ).all()
-    return [Hit(*row) for row in rows]
+    return [_hit(row) for row in rows]
 
 
 # hnsw.ef_search of the approximate path (at least k): the candidate list each scan keeps.
@@ -89,7 +105,7 @@ def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int,
             {"ef": str(max(HNSW_EF_SEARCH, k))})
         distance = MemoryChunk.embedding.cosine_distance(vector)
         rows = session.execute(
-            select(*_columns(), distance.label("distance"))
+            select(*_columns(), distance.label("distance"), MemoryChunk.user_id)
             # "AND ann" lets the planner use the partial index (its predicate).
             .where(MemoryChunk.user_id == user_id, MemoryChunk.ann,
                    MemoryChunk.embedding_model == model)
@@ -97,44 +113,86 @@ def _hnsw(session: Session, user_id: int, vector: np.ndarray, k: int,
         ).all()
     finally:
         savepoint.rollback()
-    return [Hit(*row) for row in rows]
+    return [_hit(row) for row in rows]
 
 
-def search_memory(session: Session, user_id: int, query: str, k: int, *,
+def search_memory(session: Session, owner_ids: int | Sequence[int], query: str, k: int, *,
                   embedder: Embedder, max_distance: RecallCut = None) -> list[Hit]:
-    """The k chunks of ``user_id`` nearest to ``query``, nearest first, none farther than
-    ``max_distance`` (farther is no match: strangers are not presented as memories;
-    ``OWN_CUT``: the cut of the embedder the search uses).
-
-    A query the embedder gives no direction (the zero vector: only punctuation or stop
-    words for the hashing one) is refused with ``NothingToSearch``; a chunk it gives none
-    is near nothing, and never a hit. Every distance returned is finite."""
+    """The k chunks of ``owner_ids`` (one owner, or a person and their teams) nearest to
+    ``query``, nearest first, none farther than ``max_distance`` (``OWN_CUT``: the cut of
+    the embedder used; farther is no match). One statement in the common case, however
+    many owners; an owner on the HNSW path or still in an old model (a model change under
+    way) costs a search of its own, merged in by distance (retrieval.md). A query the
+    embedder gives no direction is refused (``NothingToSearch``); distances are finite."""
     k = max(1, min(int(k), 100))
-    # One statement: the note's flag tells the path (set only once every row is in the
-    # index: until then the exact scan, which is right whatever the rows' flags), one
-    # row the model (each build gives every row the same). No count of anyone's rows.
-    ready = select(MemoryState.ann_ready).where(MemoryState.user_id == user_id) \
-        .scalar_subquery()
-    first = session.execute(select(func.coalesce(ready, False), MemoryChunk.embedding_model)
-                            .where(MemoryChunk.user_id == user_id).limit(1)).first()
-    ann, model = first if first is not None else (False, embedder.name)
-    if model != embedder.name:
-        # A model change under way: until this user's rebuild is done, their memory is in
-        # the old model's vectors, and only a query in that model can be compared with it.
-        previous = embedder_for_model(model)
-        if previous is None:
-            return []
-        embedder = previous
-    max_distance = match_distance(embedder, max_distance)  # OWN_CUT: this embedder's
+    owners = [owner_ids] if isinstance(owner_ids, int) else list(dict.fromkeys(owner_ids))
     vector = embedder.embed([query])[0]
     if not vector.any() or not np.isfinite(vector).all():
         raise NothingToSearch()
+    plain, special = _search_plain(session, owners, vector, k, embedder.name)
+    hits = _near(plain, match_distance(embedder, max_distance))
+    for owner, ann, model in special:
+        hits += _search_owner(session, owner, ann, model, query, vector, k, embedder,
+                              max_distance)
+    hits.sort(key=lambda h: (h.distance, h.chunk_id))
+    return hits[:k]
+
+
+def _search_plain(session: Session, owners: list[int], vector: np.ndarray, k: int,
+                  model: str) -> tuple[list[Hit], list[tuple[int, bool, str]]]:
+    """One statement: the exact top k over every owner that is not ``ann_ready`` and whose
+    rows are in ``model`` (or who has none), and, as rows without a chunk, the others:
+    (owner, ann_ready, their model)."""
+    wanted = values(column("owner_id", Integer), name="wanted").data([(o,) for o in owners])
+    ready = select(MemoryState.ann_ready).where(MemoryState.user_id == wanted.c.owner_id) \
+        .scalar_subquery()
+    rows_model = select(MemoryChunk.embedding_model).where(
+        MemoryChunk.user_id == wanted.c.owner_id).limit(1).scalar_subquery()
+    paths = (select(wanted.c.owner_id, func.coalesce(ready, False).label("ann"),
+                    func.coalesce(rows_model, model).label("model"))
+             .cte("paths").prefix_with("MATERIALIZED"))
+    plain = select(paths.c.owner_id).where(~paths.c.ann, paths.c.model == model)
+    top = _top_exact(plain.scalar_subquery(), vector, k, model)
+    found = (select(*_columns(), top.c.distance, MemoryChunk.user_id,
+                    literal(False, Boolean).label("ann"), literal(None, String).label("model"))
+             .join(top, top.c.id == MemoryChunk.id))
+    others = (select(literal(None, Integer), literal(None, String), literal(None, String),
+                     literal(None, Integer), literal(None, String),
+                     literal(None, MemoryChunk.embedding.cosine_distance(vector).type),
+                     paths.c.owner_id, paths.c.ann, paths.c.model)
+              .where(paths.c.ann | (paths.c.model != model)))
+    hits, special = [], []
+    for row in session.execute(found.union_all(others)):
+        if row[0] is None:
+            special.append((row[6], row[7], row[8]))
+        else:
+            hits.append(_hit(row))
+    return hits, special
+
+
+def _search_owner(session: Session, owner: int, ann: bool, model: str, query: str,
+                  vector: np.ndarray, k: int, embedder: Embedder,
+                  max_distance: RecallCut) -> list[Hit]:
+    """One owner the plain statement left out: the HNSW path, or an old model's (whose
+    distances its own cut judges)."""
+    if model != embedder.name:
+        previous = embedder_for_model(model)
+        if previous is None:
+            return []
+        vector = previous.embed([query])[0]
+        if not vector.any() or not np.isfinite(vector).all():
+            return []
+        embedder = previous
+    return _near(_one_owner(session, owner, ann, vector, k, model),
+                 match_distance(embedder, max_distance))
+
+
+def _one_owner(session: Session, owner: int, ann: bool, vector: np.ndarray, k: int,
+               model: str) -> list[Hit]:
     if not ann:
-        return _near(_exact(session, user_id, vector, k, embedder.name), max_distance)
-    hits = _hnsw(session, user_id, vector, k, embedder.name)  # ready: every row is ``ann``
-    if len(hits) < k:
-        hits = _exact(session, user_id, vector, k, embedder.name)
-    return _near(hits, max_distance)
+        return _exact(session, owner, vector, k, model)
+    hits = _hnsw(session, owner, vector, k, model)  # ready: every row is ``ann``
+    return hits if len(hits) >= k else _exact(session, owner, vector, k, model)
 
 
 def _near(hits: list[Hit], max_distance: float | None) -> list[Hit]:

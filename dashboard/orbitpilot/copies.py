@@ -52,28 +52,31 @@ def quoted_forms(texts: tuple[str, ...]) -> list[str]:
 
 
 def _recalls(erasure: Erasure) -> tuple[ColumnElement[bool], ...]:
-    """The "Drew on" records naming the item."""
-    return (ReplyRecall.user_id == erasure.owner_id,
+    """The "Drew on" records naming the item: of its owner's memory, in anyone's replies
+    (a team's memory is drawn on by each member, in their own conversations)."""
+    return (ReplyRecall.owner_id == erasure.owner_id,
             ReplyRecall.source_key == erasure.source_key,
             ReplyRecall.source_id == erasure.source_id)
 
 
 def erase_chat_copies(session: Session, erasure: Erasure) -> list[CopyCount]:
-    """Rewrite the replies that hold the item's words (each change requests the owner's
-    build through ``memory.changes``, as any edit of a message does), delete the "Drew
-    on" records naming it, then count both again."""
+    """Rewrite the replies that hold the item's words (each change requests the build of
+    the reply's owner through ``memory.changes``, as any edit of a message does), delete
+    the "Drew on" records naming it, then count both again. The people whose replies drew
+    on it (other than its owner: a team's members) become the erasure's ``holders``."""
     drew = select(ReplyRecall.message_id).where(*_recalls(erasure))
-    conversations = list(session.scalars(
-        select(Message.conversation_id).distinct()
-        .where(Message.id.in_(drew), Message.user_id == erasure.owner_id)))
+    drawn = session.execute(
+        select(Message.conversation_id, Message.user_id).distinct()
+        .where(Message.id.in_(drew))).all()
+    conversations = [conversation for conversation, _ in drawn]
+    erasure.holders.update(user for _, user in drawn if user != erasure.owner_id)
     forms = quoted_forms(erasure.texts)
     pattern = words_pattern(forms)
     searched: list[int] = []
     rewritten = 0
     if conversations:
         replies = session.scalars(
-            select(Message).where(Message.user_id == erasure.owner_id,
-                                  Message.conversation_id.in_(conversations),
+            select(Message).where(Message.conversation_id.in_(conversations),
                                   Message.role == "assistant")
             .order_by(Message.id).with_for_update()
             .execution_options(populate_existing=True)).all()

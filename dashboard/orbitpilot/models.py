@@ -110,16 +110,24 @@ class Message(db.Model):
 class ReplyRecall(db.Model):
     """One memory chunk a reply was handed ("Drew on"), in the owner's own data: ids and
     the distance, never a copy of the text (a page reads it from memory, so an item
-    forgotten since leaves the list with its chunks)."""
+    forgotten since leaves the list with its chunks). ``user_id`` is whose reply it is;
+    ``owner_id`` whose memory the chunk was (the person's, or one of their teams')."""
 
     __tablename__ = "reply_recalls"
     __table_args__ = (UniqueConstraint("message_id", "rank"),
                       Index("ix_reply_recalls_user_id_source", "user_id", "source_key",
+                            "source_id"),
+                      # An erasure finds the records naming an item by its owner.
+                      Index("ix_reply_recalls_owner_id_source", "owner_id", "source_key",
                             "source_id"))
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     message_id: Mapped[int] = mapped_column(ForeignKey("messages.id", ondelete="CASCADE"))
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    # Unless given, the reply's owner's own memory.
+    owner_id: Mapped[int] = mapped_column(
+        ForeignKey("users.id", ondelete="CASCADE"),
+        default=lambda context: context.get_current_parameters()["user_id"])
     rank: Mapped[int] = mapped_column(Integer)
     source_key: Mapped[str] = mapped_column(String(64))
     source_id: Mapped[str] = mapped_column(String(128))

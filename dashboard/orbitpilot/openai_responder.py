@@ -70,6 +70,10 @@ FLAGGED_TURNS = ("The person asked that some of their messages in this conversat
                  "them in your replies.")
 
 
+def _source(hit: MemoryHit) -> str:
+    return hit.label if hit.team is None else f"{hit.label} of the team {hit.team}"
+
+
 def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False,
                   flagged: bool = False) -> str:
     """Who the model is, and the recalled memory items, one line each."""
@@ -80,10 +84,12 @@ def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False,
         lines.append("The person is signed out: you know nothing of them beyond this "
                      "conversation.")
     if memory:
-        lines.append("Items recalled from the person's memory for this message (source: "
-                     "content). Use them only when they are relevant to the message; "
-                     "otherwise ignore them:")
-        lines.extend(f"- {_one_line(hit.label)}: {_one_line(hit.content)}" for hit in memory)
+        lines.append("Items recalled from the person's memory and their teams' for this "
+                     "message (source: content). Use them only when they are relevant to "
+                     "the message; otherwise ignore them. When you use a team's item, say "
+                     "which team's memory it comes from:")
+        lines.extend(f"- {_one_line(_source(hit))}: {_one_line(hit.content)}"
+                     for hit in memory)
     else:
         lines.append("Nothing was recalled from the person's memory for this message.")
     if flagged:

@@ -31,7 +31,8 @@ class Turn:
 
 @dataclass(frozen=True)
 class MemoryHit:
-    """A memory chunk retrieved for this turn, with its source's label."""
+    """A memory chunk retrieved for this turn, with its source's label; ``team``: the
+    name of the team whose memory it is (None: the person's own)."""
 
     source_key: str
     label: str
@@ -39,6 +40,8 @@ class MemoryHit:
     content: str
     distance: float
     chunk_id: int | None = None
+    owner_id: int | None = None
+    team: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,13 +106,20 @@ def _labels_in_order(hits: tuple[MemoryHit, ...]) -> list[str]:
     return seen
 
 
-def drew_on_sentence(earlier_turns: int, labels: list[str], hits: int) -> str:
-    """"I drew on …": how many earlier turns of this conversation, which sources."""
+def drew_on_sentence(earlier_turns: int, labels: list[str], hits: int,
+                     teams: dict[str, int] | None = None) -> str:
+    """"I drew on …": how many earlier turns of this conversation, which sources; of the
+    ``hits``, ``teams`` says how many were each team's memory (by the team's name)."""
     parts = []
     if earlier_turns:
         parts.append(f"{_plural(earlier_turns, 'earlier message')} of this conversation")
-    if hits:
-        parts.append(f"{_plural(hits, 'item')} from your memory ({join_labels(labels)})")
+    teams = teams or {}
+    own = hits - sum(teams.values())
+    if own:
+        parts.append(f"{_plural(own, 'item')} from your memory ({join_labels(labels)})"
+                     if not teams else f"{_plural(own, 'item')} from your own memory")
+    for team, count in teams.items():
+        parts.append(f"{_plural(count, 'item')} from the memory of the team {team}")
     if not parts:
         return "I drew on this message only: nothing earlier in this conversation, and " \
                "nothing from your memory."
@@ -125,11 +135,29 @@ RECALLED_AS = {
 NOTHING_RELEVANT = "I found nothing in your memory that bears on this."
 
 
+def recalled_as(hit: MemoryHit) -> str:
+    """What a recalled item is, in the reply's words: a team's is named by its team."""
+    if hit.team is not None:
+        what = "saved memory" if hit.source_key == "xmemo.saved" else hit.label
+        return f"the team {hit.team}'s {what}"
+    return RECALLED_AS.get(hit.source_key, hit.label)
+
+
+def teams_in(hits: tuple[MemoryHit, ...]) -> dict[str, int]:
+    """How many of the hits were each team's memory, by team name, in order."""
+    counts: dict[str, int] = {}
+    for hit in hits:
+        if hit.team is not None:
+            counts[hit.team] = counts.get(hit.team, 0) + 1
+    return counts
+
+
 def recalled_line(hit: MemoryHit) -> str:
-    """One recalled item as the reply cites it: what it is, and its words (of a chat pair,
-    what the person said). A reply that drew on memory is remembered by its question
-    alone, so a quote here never outlives the item's forgetting."""
-    kind = RECALLED_AS.get(hit.source_key, hit.label)
+    """One recalled item as the reply cites it: what it is (and whose: a team's memory is
+    named by its team), and its words (of a chat pair, what the person said). A reply
+    that drew on memory is remembered by its question alone, so a quote here never
+    outlives the item's forgetting."""
+    kind = recalled_as(hit)
     text = hit.content
     if hit.source_key == "orbitpilot.chat_history":
         said = text.split("\nOrbitPilot: ", 1)[0].removeprefix("User: ")
@@ -149,11 +177,13 @@ class BuiltinResponder:
         if context.guest:
             lines.append("I remember nothing between visits while you are signed out.")
         elif context.memory:
-            lines.append("From what I remember of you:")
+            lines.append("From what I remember of you:" if not teams_in(context.memory)
+                         else "From what I remember of you and your teams:")
             lines.extend(recalled_line(hit) for hit in context.memory)
         else:
             lines.append(NOTHING_RELEVANT)
-        lines.append(drew_on_sentence(earlier, labels, len(context.memory)))
+        lines.append(drew_on_sentence(earlier, labels, len(context.memory),
+                                      teams_in(context.memory)))
         return Reply("\n".join(lines), drew_on_summary(context))
 
 

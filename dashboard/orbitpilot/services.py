@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -19,11 +20,14 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, aliased
 
+from dashboard.access import Action, Reach, may, reach_of
 from dashboard.audit.services import Actor, changes, record_event
 from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_TITLE as BLINK_MAX_TITLE
 from dashboard.blinks.services import BlinkError, create_blink
 from dashboard.ids import find_owned
+from dashboard.memories.models import Memory
+from dashboard.memories.reach import attribute
 from dashboard.memory import (
     BuildRequest,
     Embedder,
@@ -38,18 +42,18 @@ from dashboard.memory import (
 from dashboard.orbitpilot.models import Conversation, Message, ReplyRecall
 from dashboard.orbitpilot.responder import (
     DEFAULT_MEMORY_K,
-    RECALLED_AS,
     MemoryHit,
     Reply,
     ResponderContext,
     Turn,
     one_line,
+    recalled_as,
     reply_pieces,
 )
 from dashboard.plans.sentences import CHAT_REMEMBERED, GUEST_INVITATION, state_sentence
 from dashboard.plans.services import Resolution, UserPlans, get_user_plan, resolve_sources
 from dashboard.refusals import Conflict, Failed, NotFound, Refusal
-from dashboard.sources import CHAT_HISTORY, PROFILE, get_source, source_keys
+from dashboard.sources import CHAT_HISTORY, PROFILE, SAVED, get_source, source_keys
 
 log = logging.getLogger(__name__)
 
@@ -188,10 +192,15 @@ def with_questions(messages: list[ShownMessage], reply_to: dict[int, int | None]
     return shown
 
 
+PERSONAL = "personal"
+
+
 @dataclass(frozen=True)
 class DrewOn:
     """One item a reply drew on, as the page shows it (``item`` is its words, read from
-    memory now; ``message_id``: for a chat pair, the user turn it stands for)."""
+    memory now; ``message_id``: for a chat pair, the user turn it stands for). Whose it
+    is: ``owner`` is ``personal`` or the team's slug, ``team`` the team's name; a team's
+    saved memory says who saved it with what (``saved_by``, from the credential)."""
 
     recall_id: int
     source_key: str
@@ -199,10 +208,22 @@ class DrewOn:
     distance: float
     item: str
     message_id: int | None = None
+    owner: str = PERSONAL
+    team: str | None = None
+    saved_by: str | None = None
+    may_forget: bool = False  # a team's item: the person's role there lets them forget it
 
     @property
     def kind(self) -> str:
-        return RECALLED_AS.get(self.source_key, self.source_key)
+        label = get_source(self.source_key).label if self.source_key in source_keys() \
+            else self.source_key
+        return recalled_as(MemoryHit(self.source_key, label, self.source_id, "", 0.0,
+                                     team=self.team))
+
+    @property
+    def whose(self) -> str:
+        """Personal, or which team's."""
+        return "Personal" if self.team is None else f"Team {self.team}"
 
     @property
     def title(self) -> str:
@@ -213,7 +234,8 @@ class DrewOn:
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.recall_id, "source": self.source_key, "item_id": self.source_id,
-                "distance": round(self.distance, 4), "kind": self.kind, "title": self.title}
+                "distance": round(self.distance, 4), "kind": self.kind, "title": self.title,
+                "owner": self.owner, "team": self.team, "saved_by": self.saved_by}
 
 
 @dataclass(frozen=True)
@@ -282,41 +304,88 @@ def conversation_messages(session: Session, conversation_id: int) -> list[ShownM
 def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn, ...]]:
     """Each reply's "Drew on" in one query: an item shows while some chunk of it is in
     memory (its own chunk first), so a forgotten item leaves every list at once; one
-    marked "not relevant" is left out. A chat pair also names its user turn (one query
-    more, only if there is one)."""
+    marked "not relevant" is left out, and so is a team's the person no longer reaches
+    (membership is read now: one query more, only if a reply drew on a team's memory).
+    A chat pair also names its user turn, a team's saved memory who saved it (a few
+    queries more, only if there is one)."""
     chunk = aliased(MemoryChunk)
     item_text = (
         select(chunk.content)
-        .where(chunk.user_id == ReplyRecall.user_id, chunk.source_key == ReplyRecall.source_key,
+        .where(chunk.user_id == ReplyRecall.owner_id,
+               chunk.source_key == ReplyRecall.source_key,
                chunk.source_id == ReplyRecall.source_id)
         .order_by((chunk.id == ReplyRecall.chunk_id).desc(), chunk.chunk_index)
         .limit(1).scalar_subquery()
     )
     rows = session.execute(
         select(ReplyRecall.id, ReplyRecall.message_id, ReplyRecall.source_key,
-               ReplyRecall.source_id, ReplyRecall.distance, item_text)
+               ReplyRecall.source_id, ReplyRecall.distance, item_text, ReplyRecall.user_id,
+               ReplyRecall.owner_id)
         .join(Message, Message.id == ReplyRecall.message_id)
         .where(Message.conversation_id == conversation_id, ReplyRecall.not_relevant.is_(False))
         .order_by(ReplyRecall.message_id, ReplyRecall.rank)
     ).all()
     rows = [row for row in rows if row[5] is not None]
-    items = _drew_on(session, [(id_, key, source_id, distance, item)
-                               for id_, _, key, source_id, distance, item in rows])
+    if not rows:
+        return {}
+    user_id = rows[0].user_id
+    reach = reach_of(session, user_id) if any(r.owner_id != user_id for r in rows) \
+        else Reach.personal(user_id)
+    rows = [row for row in rows if reach.reaches(row.owner_id)]
+    items = _drew_on(session, reach, [(id_, key, source_id, distance, item, owner)
+                                      for id_, _, key, source_id, distance, item, _, owner
+                                      in rows])
     out: dict[int, list[DrewOn]] = {}
     for row, shown in zip(rows, items, strict=True):
         out.setdefault(row.message_id, []).append(shown)
     return {message_id: tuple(shown) for message_id, shown in out.items()}
 
 
-def _drew_on(session: Session, rows: list[tuple[int, str, str, float, str]]
-             ) -> tuple[DrewOn, ...]:
-    """``(recall id, source, item id, distance, words)`` rows as shown, a chat pair with
-    the user turn it stands for (one query, only if there is a pair)."""
-    turns = _pair_turns(session, {source_id for _, key, source_id, _, _ in rows
+def _drew_on(session: Session, reach: Reach,
+             rows: list[tuple[int, str, str, float, str, int]]) -> tuple[DrewOn, ...]:
+    """``(recall id, source, item id, distance, words, owner)`` rows as shown: whose each
+    is, a chat pair with the user turn it stands for (one query, only if there is a
+    pair), a team's saved memory with who saved it (``attribute``: a few queries, only
+    if there is one)."""
+    turns = _pair_turns(session, {source_id for _, key, source_id, _, _, _ in rows
                                   if key == CHAT_HISTORY})
-    return tuple(DrewOn(id_, key, source_id, distance, item,
-                        turns.get(source_id) if key == CHAT_HISTORY else None)
-                 for id_, key, source_id, distance, item in rows)
+    saved_by = _saved_by(session, reach, [(source_id, owner)
+                                          for _, key, source_id, _, _, owner in rows
+                                          if key == SAVED and reach.seat_of(owner)])
+    shown = []
+    for id_, key, source_id, distance, item, owner in rows:
+        seat = reach.seat_of(owner)
+        memory = saved_by.get(source_id) if seat is not None else None
+        shown.append(DrewOn(
+            id_, key, source_id, distance, item,
+            turns.get(source_id) if key == CHAT_HISTORY else None,
+            owner=seat.slug if seat else PERSONAL, team=seat.name if seat else None,
+            saved_by=memory[0] if memory else None,
+            may_forget=memory[1] if memory else False))
+    return tuple(shown)
+
+
+def _saved_by(session: Session, reach: Reach, items: list[tuple[str, int]]
+              ) -> dict[str, tuple[str, bool]]:
+    """For each team memory (id, owner): "Saved by <member> via <credential>", and whether
+    the person's role there lets them delete it."""
+    ids = set()
+    for source_id, _ in items:
+        try:
+            ids.add(uuid.UUID(source_id))
+        except ValueError:
+            continue
+    if not ids:
+        return {}
+    memories = list(session.scalars(select(Memory).where(
+        Memory.id.in_(ids), Memory.owner_id.in_(sorted({owner for _, owner in items})))))
+    said = attribute(session, reach, memories)
+    out = {}
+    for memory in memories:
+        seat = reach.seat_of(memory.owner_id)
+        out[str(memory.id)] = (said[memory.id].sentence, seat is not None and may(
+            seat, Action.FORGET, author=memory.author_id == reach.user_id))
+    return out
 
 
 def _pair_turns(session: Session, pair_ids: set[str]) -> dict[str, int]:
@@ -402,21 +471,28 @@ def clean_message(text: Any) -> str:
     return text
 
 
-def memory_hits(session: Session, user_id: int, query: str, *, embedder: Embedder,
+def memory_hits(session: Session, reach: Reach | int, query: str, *, embedder: Embedder,
                 k: int = DEFAULT_MEMORY_K, max_distance: RecallCut = None
                 ) -> tuple[MemoryHit, ...]:
-    """The chunks nearest the message; none when it has nothing to search on ("!!!"):
-    the reply still comes, drawing on no memory."""
+    """The chunks nearest the message, of the person's own memory and of every team they
+    reach (a user id alone: their own), in one search (each naming whose it is); none
+    when it has nothing to search on ("!!!"): the reply still comes, drawing on no
+    memory."""
+    if isinstance(reach, int):
+        reach = Reach.personal(reach)
     try:
-        hits = search_memory(session, user_id, query, k, embedder=embedder,
+        hits = search_memory(session, reach.owner_ids, query, k, embedder=embedder,
                              max_distance=max_distance)
     except NothingToSearch:
         return ()
-    return tuple(
-        MemoryHit(h.source_key, get_source(h.source_key).label if h.source_key in source_keys()
-                  else h.source_key, h.source_id, h.content, float(h.distance), h.chunk_id)
-        for h in hits
-    )
+    out = []
+    for h in hits:
+        seat = reach.seat_of(h.owner_id)
+        out.append(MemoryHit(
+            h.source_key, get_source(h.source_key).label if h.source_key in source_keys()
+            else h.source_key, h.source_id, h.content, float(h.distance), h.chunk_id,
+            owner_id=h.owner_id or reach.user_id, team=seat.name if seat else None))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -442,6 +518,7 @@ class PendingReply:
     context: ResponderContext
     new: bool
     savepoint: Any
+    reach: Reach | None = None  # whose memory it searched (None: none)
 
 
 def _open_conversation(session: Session, user_id: int, conversation_id: Any, *,
@@ -476,7 +553,8 @@ def begin_send(
 ) -> PendingReply:
     """Store the user's turn and gather what the responder will see: every turn of this
     conversation (the ones marked "Not remembered" included) and the top ``memory_k``
-    memory chunks of this user."""
+    memory chunks of this user and of the teams they are in now (``access.reach_of``:
+    a member removed a moment ago reaches nothing of the team)."""
     text = clean_message(text)
     # Locked: two sends at once must not take the same position.
     conversation = _open_conversation(session, user_id, conversation_id, lock=True)
@@ -500,14 +578,15 @@ def begin_send(
         session.flush()
         turns = tuple(Turn(m.role, m.content, m.id, bool(m.not_remembered))
                       for m in [*earlier, question])
-        hits = memory_hits(session, user_id, text, embedder=embedder, k=memory_k,
-                           max_distance=max_distance) \
-            if embedder is not None and memory_k > 0 else ()
+        reach = reach_of(session, user_id) if embedder is not None and memory_k > 0 \
+            else None
+        hits = memory_hits(session, reach, text, embedder=embedder, k=memory_k,
+                           max_distance=max_distance) if reach is not None else ()
     except BaseException:
         savepoint.rollback()
         raise
     return PendingReply(conversation, question, ResponderContext(turns, hits, guest=False),
-                        new, savepoint)
+                        new, savepoint, reach)
 
 
 def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchange:
@@ -522,7 +601,8 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
         session.add(answer)
         conversation.last_activity_at = func.now()
         session.flush()
-        recalls = [ReplyRecall(message_id=answer.id, user_id=question.user_id, rank=rank,
+        recalls = [ReplyRecall(message_id=answer.id, user_id=question.user_id,
+                               owner_id=hit.owner_id or question.user_id, rank=rank,
                                source_key=hit.source_key, source_id=hit.source_id,
                                chunk_id=hit.chunk_id, distance=hit.distance)
                    for rank, hit in enumerate(hits) if hit.chunk_id is not None]
@@ -533,8 +613,9 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
         raise
     pending.savepoint.commit()
     words = {hit.chunk_id: hit.content for hit in hits}
-    drew_on = _drew_on(session, [(r.id, r.source_key, r.source_id, r.distance,
-                                  words[r.chunk_id]) for r in recalls])
+    reach = pending.reach or Reach.personal(question.user_id)
+    drew_on = _drew_on(session, reach, [(r.id, r.source_key, r.source_id, r.distance,
+                                         words[r.chunk_id], r.owner_id) for r in recalls])
     asked, answered = with_questions([ShownMessage.of(question),
                                       ShownMessage.of(answer, drew_on)], {answer.id: question.id})
     return Exchange(conversation.id, conversation.title, asked, answered, dict(reply.drew_on),

@@ -100,12 +100,22 @@ def _chat_memory() -> ChatMemory:
     return services.get_chat_memory(current_user, request_plans())
 
 
+def team_memories_path(slug: str) -> str:
+    """A team's memories page (the teams' pages serve it)."""
+    return f"/teams/{slug}/memories"
+
+
 def drew_on_links(item: services.DrewOn) -> dict[str, Any]:
     """Where a "Drew on" item lives, and how to forget it: ``forget`` is a POST form's
     action and fields, or ``forget_page`` a page that asks first (saved memories and
     documents: a choice of how, or a deletion), or neither (the profile: edit it)."""
     key, id_ = item.source_key, item.source_id
     back = request.path
+    if item.team is not None:
+        # A team's memory lives on its team's memories page (the team's role decides
+        # whether "forget" is at hand there).
+        url = f"{team_memories_path(item.owner)}#memory-{id_}"
+        return {"url": url, "forget_page": url if item.may_forget else None}
     if key == SAVED:
         return {"url": url_for("memories.detail", memory_id=id_),
                 "forget_page": url_for("memories.forget", memory_id=id_)}

@@ -1,7 +1,8 @@
-"""The support explorer's reads: why a user's source is or is not remembered, and what each
-plan's cap evicts. Read-only and content-free by construction (ids, emails, states,
-counts, times — never a content column), in a fixed number of queries whatever the
-user's history or the number of plans."""
+"""The support explorer's reads: why a user's source is or is not remembered, a team's
+trace (its account's, with its members by role and its policies), and what each plan's
+cap evicts. Read-only and content-free by construction (ids, emails, states, counts,
+times, a team's name and slug — never a content column), in a fixed number of queries
+whatever the user's history, the team's size or the number of plans."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sqlalchemy.orm import Session
 from dashboard.auth.models import User
 from dashboard.holds import active_hold
 from dashboard.ids import INT4_MAX, parse_id
+from dashboard.memories.models import Memory
 from dashboard.memory import BuildSummary, MemoryBuild, MemoryChunk
 from dashboard.plans.impact import plan_rows
 from dashboard.plans.sentences import state_sentence
@@ -24,6 +26,8 @@ from dashboard.plans.services import (
     resolve_sources,
 )
 from dashboard.sources import CHAT_HISTORY, get_source, registered_sources
+from dashboard.teams.models import ROLES as TEAM_ROLES
+from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember
 
 MAX_EMAIL_LENGTH = 254
 HISTORY_LIMIT = 20
@@ -102,6 +106,10 @@ class UserTrace:
     chat_included: bool = False
     # A legal hold on the user now: (placed at, ends at or None); never its reason here.
     legal_hold: tuple[datetime, datetime | None] | None = None
+    # "person", or "team": a team's account (its trace is the team's, ``team_trace``).
+    kind: str = "person"
+    # A person's teams: (team id, slug, name, role), by name.
+    teams: tuple[tuple[int, str, str, str], ...] = ()
 
 
 # The start of an email or of its domain: at least this many characters, and at most
@@ -135,7 +143,8 @@ def match_query(query: str, *, limit: int) -> Any:
     condition = domain if domain_only else or_(User.email.like(prefix, escape="\\"), domain)
     # The matches first, then their order: asked for both at once, the planner may walk
     # the whole email index in order, filtering, to stop at the limit.
-    matches = (select(User.id, User.email, User.role).where(condition)
+    # A team's account is found as the team (``find_teams``), by its name or slug.
+    matches = (select(User.id, User.email, User.role).where(condition, User.kind == "person")
                .limit(MATCH_SCAN_LIMIT).cte("matches").prefix_with("MATERIALIZED"))
     return select(matches).order_by(matches.c.email).limit(limit)
 
@@ -150,7 +159,7 @@ def find_users(session: Session, query: str, *,
     user_id = parse_id(text)  # digits past users.id's integer: no user
     if user_id is not None:
         rows = session.execute(select(User.id, User.email, User.role)
-                               .where(User.id == user_id)).all()
+                               .where(User.id == user_id, User.kind == "person")).all()
         return [UserMatch(*row) for row in rows], False
     statement = match_query(text, limit=limit + 1)
     if statement is None:
@@ -298,7 +307,117 @@ def user_trace(session: Session, user_id: int) -> UserTrace | None:
                           for s in sources),
         legal_hold=(hold.placed_at, hold.ends_at) if (hold := active_hold(session, user.id))
         else None,
+        kind=user.kind,
+        teams=tuple((row.id, row.slug, row.name, row.role) for row in session.execute(
+            select(Team.id, Team.slug, Team.name, TeamMember.role)
+            .join(TeamMember, TeamMember.team_id == Team.id)
+            .where(TeamMember.user_id == user.id).order_by(Team.name, Team.id)))
+        if user.kind == "person" else (),
     )
+
+
+# -- a team's trace -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TeamMatch:
+    id: int
+    slug: str
+    name: str
+    members: int
+
+
+def find_teams(session: Session, query: str, *, limit: int = MAX_MATCHES
+               ) -> tuple[list[TeamMatch], bool]:
+    """The teams ``query`` names, in one query: a team (account) id; else every team whose
+    slug starts with it, whose name holds it (any case), or that has a member whose email
+    (or its domain) starts with it — from ``MIN_PART`` characters; by name; and whether
+    more matched than are listed."""
+    text = query.strip()
+    members = (select(func.count()).select_from(TeamMember)
+               .where(TeamMember.team_id == Team.id).scalar_subquery())
+    team_id = parse_id(text)
+    if team_id is not None:
+        rows = session.execute(select(Team.id, Team.slug, Team.name, members)
+                               .where(Team.id == team_id)).all()
+        return [TeamMatch(*row) for row in rows], False
+    people = match_query(text, limit=MATCH_SCAN_LIMIT)
+    if people is None:
+        return [], False
+    lowered = text.lower().lstrip("@")
+    by_member = select(TeamMember.team_id).where(
+        TeamMember.user_id.in_(select(people.subquery().c.id)))
+    named = or_(Team.slug.like(_like_prefix(lowered), escape="\\"),
+                func.lower(Team.name).like("%" + _like_prefix(lowered), escape="\\"))
+    rows = session.execute(
+        select(Team.id, Team.slug, Team.name, members)
+        .where(or_(named, Team.id.in_(by_member)))
+        .order_by(Team.name, Team.id).limit(limit + 1)).all()
+    matches = [TeamMatch(*row) for row in rows]
+    return matches[:limit], len(matches) > limit
+
+
+@dataclass(frozen=True)
+class MemberRow:
+    user_id: int
+    email: str
+    role: str
+    joined_at: datetime
+    last_active_at: datetime | None
+
+
+@dataclass(frozen=True)
+class TeamTrace:
+    """A team as support reads it: the team, its members by role, its policies and apps,
+    its invitations and memories as counts, and its account's full trace (plan, sources
+    and their states, builds, holds). Never a memory's content, never a key's name."""
+
+    id: int
+    slug: str
+    name: str
+    created_at: datetime
+    created_by_id: int | None
+    members: tuple[tuple[str, tuple[MemberRow, ...]], ...]  # (role, its members), by rank
+    policies: tuple[tuple[str, object], ...]
+    allowed_apps: int
+    pending_invitations: int
+    memories: tuple[tuple[str, int], ...]  # (status, count)
+    account: UserTrace
+
+
+def team_trace(session: Session, team_id: int) -> TeamTrace | None:
+    """The trace of the team ``team_id`` names (its account's id), or None."""
+    if not 0 < team_id <= INT4_MAX:
+        return None
+    team = session.scalars(select(Team).where(Team.id == team_id)
+                           .execution_options(populate_existing=True)).first()
+    account = user_trace(session, team_id) if team is not None else None
+    if team is None or account is None:
+        return None
+    rows = session.execute(
+        select(TeamMember.user_id, User.email, TeamMember.role, TeamMember.joined_at,
+               TeamMember.last_active_at)
+        .join(User, User.id == TeamMember.user_id).where(TeamMember.team_id == team.id)
+        .order_by(TeamMember.joined_at, TeamMember.user_id)).all()
+    by_role = {role: tuple(MemberRow(*row) for row in rows if row.role == role)
+               for role in TEAM_ROLES}
+    counts = session.execute(select(
+        select(func.count()).select_from(TeamApp).where(TeamApp.team_id == team.id)
+        .scalar_subquery(),
+        select(func.count()).select_from(TeamInvitation).where(
+            TeamInvitation.team_id == team.id, TeamInvitation.accepted_at.is_(None),
+            TeamInvitation.revoked_at.is_(None),
+            TeamInvitation.expires_at > func.now()).scalar_subquery())).one()
+    statuses = session.execute(select(Memory.status, func.count())
+                               .where(Memory.owner_id == team.id)
+                               .group_by(Memory.status).order_by(Memory.status)).all()
+    return TeamTrace(
+        id=team.id, slug=team.slug, name=team.name, created_at=team.created_at,
+        created_by_id=team.created_by_id,
+        members=tuple((role, by_role[role]) for role in TEAM_ROLES),
+        policies=tuple((name, getattr(team, name)) for name in (
+            "write_policy", "forget_policy", "app_policy", "max_key_days", "leaver_policy")),
+        allowed_apps=counts[0], pending_invitations=counts[1],
+        memories=tuple((status, count) for status, count in statuses), account=account)
 
 
 # -- the plan report --------------------------------------------------------------------

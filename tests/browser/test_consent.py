@@ -1,7 +1,8 @@
 """The consent page in a real browser (headless Chromium): a person signs in, reads what
 the app asks for in words, one labelled box per scope, ticks one more with the keyboard
 alone, allows — and the app gets a code for what was ticked; denies — and the app gets
-access_denied. The page works at a phone's width (390 px) and carries no CSP violation."""
+access_denied. Ticking a team says, then and there, that the app will save to it. The
+page works at a phone's width (390 px) and carries no CSP violation."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx2
 import pytest
+from sqlalchemy import select
 
+from dashboard.connectors.models import OAuthGrant
 from dashboard.connectors.services import SCOPE_WORDS
 from tests.browser.conftest import Page
 from tests.connectors.oauth_flow import REDIRECT_URI, authorize_url, pkce
+from tests.factories import make_team
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -132,3 +136,28 @@ def test_deny_sends_access_denied_back_to_the_app(page, base_url, person):
     page.click("#consent button[value=deny]")
     params = returned(page)
     assert params["error"] == "access_denied" and "code" not in params
+
+
+def test_ticking_a_team_says_the_app_will_save_there_and_the_connection_holds_it(
+        page, base_url, committed, person):
+    team = make_team(committed.session, committed.user(), name="Pilot",
+                     members={person: "member"})
+    committed.users.append(team.id)  # the team's account, removed with the test's users
+    committed.session.commit()
+    client_id = register(base_url)
+    _, challenge = pkce()
+    page.sign_in(person.email)
+    open_consent(page, base_url, client_id, challenge)
+    assert page.find("#acts-for").text == "It acts for you alone."
+    assert not page.find("#team-1").is_selected()  # none ticked for the person
+    page.click("label[for=team-1]")
+    assert page.find("#team-1").is_selected()
+    page.wait().until(lambda d: d.find_element(By.ID, "acts-for").text ==
+                      "It may save to: Pilot (as member).")
+    page.screenshot("consent-team.png")
+    page.assert_no_violations()
+    page.click("#consent button[value=allow]")
+    assert returned(page)["code"].startswith("opac_")
+    grant = committed.session.scalars(select(OAuthGrant).where(
+        OAuthGrant.user_id == person.id)).one()
+    assert grant.team_ids == [team.id]

@@ -16,7 +16,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 pytestmark = pytest.mark.processes  # real processes or servers: slow
 
 PHONE, DESKTOP = (390, 844), (1280, 900)
-MENU = ["Chat", "Memory status", "Blinks", "Saved memories", "Profile", "Documents",
+MENU = ["Chat", "Memory status", "Blinks", "Saved memories", "Teams", "Profile", "Documents",
         "API keys", "Connected apps"]
 
 

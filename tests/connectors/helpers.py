@@ -80,16 +80,16 @@ class Person:
         assert answer.status_code == 302, answer.status_code
 
     def consent(self, authorize_url: str, decision: str = "allow",
-                tick: tuple[str, ...] = ()) -> httpx2.Response:
+                tick: tuple[str, ...] = (), teams: tuple[int, ...] = ()) -> httpx2.Response:
         """Open the consent page the app sent us to, and answer it: the boxes as they
-        come, and ``tick`` ticked besides."""
+        come, ``tick`` ticked besides, and the team boxes of ``teams`` ticked."""
         page = self.http.get(authorize_url)
         assert page.status_code == 200, (page.status_code, page.text[:500])
         action = html.unescape(FORM_ACTION.search(page.text).group(1))
         self.last_page = page.text
         return self.http.post(urljoin(self.url, action), data={
             "csrf_token": CSRF.search(page.text).group(1), "decision": decision,
-            "granted": ticked(page.text, tick)})
+            "granted": ticked(page.text, tick), "teams": [str(t) for t in teams]})
 
     def close(self) -> None:
         self.http.close()
@@ -122,12 +122,14 @@ class Flow:
     person: Person
     decision: str = "allow"
     tick: tuple[str, ...] = ()  # boxes the person ticks beyond what the app asked for
+    teams: tuple[int, ...] = ()  # the teams the person lets it act for
     authorize_urls: list[str] = field(default_factory=list)
     callback: dict[str, list[str]] = field(default_factory=dict)
 
     async def redirect_handler(self, authorization_url: str) -> None:
         self.authorize_urls.append(authorization_url)
-        answer = self.person.consent(authorization_url, self.decision, self.tick)
+        answer = self.person.consent(authorization_url, self.decision, self.tick,
+                                     self.teams)
         assert answer.status_code == 302, answer.status_code
         location = answer.headers["location"]
         assert location.startswith(REDIRECT_URI), location

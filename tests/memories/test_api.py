@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
+from dashboard.memories import reach as reached
 from dashboard.memories import services
 from dashboard.memories.api import KEY_IN_URL
 from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
@@ -122,7 +123,8 @@ def recalled_ids(api: Api, query: str) -> list[str | None]:
 
 
 MEMORY_FIELDS = {"id", "content", "metadata", "source", "client_name", "status", "version",
-                 "created_at", "updated_at", "deleted_at", "redacted_at"}
+                 "created_at", "updated_at", "deleted_at", "redacted_at", "owner",
+                 "attribution"}
 RECEIPT_FIELDS = {"marker_id", "memory_id", "mode", "from_status", "to_status", "version",
                   "reason", "removed", "audit_event", "created_at", "vacuum", "probe",
                   "pending", "completed_by"}
@@ -292,9 +294,11 @@ def test_search_names_the_client_and_the_memory(api, owner, db_session):
     assert set(body) == {"results", "notice"} and body["notice"] is None  # it matched
     hit = next(h for h in body["results"] if h["memory_id"] == memory["id"])
     assert set(hit) == {"content", "distance", "source_key", "source", "memory_id",
-                        "source_id", "chunk_index"}
-    assert (hit["source_key"], hit["source"], hit["source_id"]) == \
-        (SAVED, "chatgpt", memory["id"])
+                        "source_id", "chunk_index", "owner", "attribution"}
+    assert (hit["source_key"], hit["source"], hit["source_id"], hit["owner"]) == \
+        (SAVED, "chatgpt", memory["id"], "personal")
+    # Who saved it is the key, whatever the client said of itself.
+    assert hit["attribution"]["key"]["prefix"] == memory["attribution"]["key"]["prefix"]
 
 
 @pytest.mark.parametrize("mode", ["soft_delete", "redact", "hard_delete"])
@@ -793,7 +797,7 @@ def test_an_unexpected_error_is_a_problem_500_without_its_text(api, app, monkeyp
     def broken(*args, **kwargs):
         raise RuntimeError(CANARY)
 
-    monkeypatch.setattr(services, "find_memory", broken)
+    monkeypatch.setattr(reached, "find_for", broken)
     monkeypatch.setitem(app.config, "PROPAGATE_TEST_ERRORS", False)
     response = api.get(f"/v1/memories/{memory['id']}")
     assert_problem(response, 500)
@@ -803,7 +807,8 @@ def test_an_unexpected_error_is_a_problem_500_without_its_text(api, app, monkeyp
 def test_a_response_that_drifted_from_its_model_is_still_answered_in_production(
         api, app, monkeypatch):
     memory = save(api)
-    monkeypatch.setattr(services, "memory_dict", lambda m: {"id": str(m.id)})
+    monkeypatch.setattr(reached, "described",
+                        lambda _session, _reach, ms: [{"id": str(m.id)} for m in ms])
     assert api.get(f"/v1/memories/{memory['id']}").status_code == 500  # tests: caught
     monkeypatch.setitem(app.config, "TESTING", False)
     response = api.get(f"/v1/memories/{memory['id']}")
@@ -885,7 +890,7 @@ def test_every_v1_route_is_documented_and_nothing_else(app, document):
     documented = {(method.upper(), path) for path, operations in document["paths"].items()
                   for method in operations}
     assert routed == documented
-    assert len(routed) == 12
+    assert len(routed) == 13
 
 
 def test_each_operation_lists_its_problems_as_problem_json(document):
@@ -919,7 +924,12 @@ def test_the_document_describes_the_bodies_and_queries(document):
     assert paths["/v1/memories/{memory_id}/restore"]["post"]["requestBody"]["required"] \
         is False
     assert {p["name"] for p in paths["/v1/memories"]["get"]["parameters"]} == \
-        {"limit", "cursor", "status"}
+        {"limit", "cursor", "status", "team", "author", "app"}
+    assert set(document["components"]["schemas"]["MemoryOut"]["properties"]) >= \
+        {"owner", "attribution"}
+    assert document["paths"]["/v1/memories/{memory_id}/share"]["post"]["requestBody"][
+        "content"]["application/json"]["schema"]["$ref"] == \
+        "#/components/schemas/ShareRequest"
     assert {p["name"] for p in paths["/v1/memories/{memory_id}"]["delete"]["parameters"]} == \
         {"memory_id", "mode", "reason"}
     assert set(document["components"]["schemas"]["MemoryForgetRequest"]["properties"]) == \

@@ -19,7 +19,7 @@ from dashboard.extensions import db
 from dashboard.memories import services
 from dashboard.queues import build_queue
 from tests.conftest import make_test_config
-from tests.factories import ALL_SCOPES, make_key, make_user
+from tests.factories import ALL_SCOPES, make_key, make_team, make_user
 from tests.live import serving
 
 pytestmark = pytest.mark.processes  # schemathesis' runner in a process of its own
@@ -31,7 +31,8 @@ MAX_EXAMPLES = 10
 # is a search query with no word to search on (only punctuation, very common words or
 # characters no script defines): the document says so, JSON Schema cannot. A
 # DELETE forgets (a soft delete unless told otherwise): the memory stays readable, and its
-# erasure receipts remain after any forget — by design, not a use after free.
+# erasure receipts remain after any forget — by design, not a use after free. A team
+# named that the key does not act for (any a generator makes up) is a 404, as on a save.
 CONFIG = """
 color = false
 
@@ -51,7 +52,27 @@ checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404",
 
 [[operations]]
 include-operation-id = "search_memories"
-checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "422"]
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "422"]
+
+# Text of only white space is blank to the service (422), which JSON Schema's pattern
+# cannot say the way Python's str.strip() does.
+[[operations]]
+include-operation-id = "create_memory"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "422"]
+
+[[operations]]
+include-operation-id = "update_memory"
+checks.positive_data_acceptance.expected-statuses = ["2XX", "401", "403", "404", "409",
+                                                     "410", "422"]
+
+# A share names the team the key acts for (a made-up one is the same 404 as an unknown
+# memory, which the stateful checks would take for a lost resource).
+[[operations]]
+include-operation-id = "share_memory"
+parameters = { "body.team" = { dictionary = "teams" } }
+
+[dictionaries]
+teams = { values = ["{team}"] }
 
 [checks.use_after_free]
 enabled = false
@@ -71,21 +92,23 @@ def live_api(app):
     with live.app_context():
         session = db.session
         owner = make_user(session)
-        _, raw = make_key(session, owner, scopes=ALL_SCOPES, name="schemathesis")
+        team = make_team(session, owner)
+        _, raw = make_key(session, owner, scopes=ALL_SCOPES, name="schemathesis",
+                          team_ids=[team.id])
         actor = Actor.of(owner)
         memories = [services.save_memory(session, owner=owner, content=f"Memory {i}.",
                                          actor=actor).memory for i in range(4)]
         receipt = services.forget_memory(session, owner.id, memories[0].id,
                                          mode="soft_delete", actor=actor)
-        owner_id = owner.id
+        owner_id, team_id, slug = owner.id, team.id, team.slug
         session.commit()
     try:
         with serving(live) as url:
-            yield url, raw, receipt.marker_id
+            yield url, raw, receipt.marker_id, slug
     finally:
         with live.app_context():
             db.session.rollback()
-            db.session.execute(delete(User).where(User.id == owner_id))
+            db.session.execute(delete(User).where(User.id.in_([owner_id, team_id])))
             db.session.commit()
             db.session.remove()
             queue = build_queue(live).rq()
@@ -95,9 +118,9 @@ def live_api(app):
 
 
 def test_every_phase_and_every_check_pass(live_api, tmp_path):
-    url, raw, marker_id = live_api
+    url, raw, marker_id, team = live_api
     config = tmp_path / "schemathesis.toml"
-    config.write_text(CONFIG.replace("{marker_id}", str(marker_id)))
+    config.write_text(CONFIG.replace("{marker_id}", str(marker_id)).replace("{team}", team))
     run = subprocess.run(
         [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
          f"{url}/v1/openapi.json", "-H", f"X-API-Key: {raw}",

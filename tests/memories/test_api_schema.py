@@ -103,6 +103,7 @@ OPERATIONS = [
     ("DELETE", "/v1/memories/{memory_id}"),
     ("POST", "/v1/memories/{memory_id}/forget"),
     ("POST", "/v1/memories/{memory_id}/restore"),
+    ("POST", "/v1/memories/{memory_id}/share"),
     ("GET", "/v1/memories/{memory_id}/receipts"),
     ("GET", "/v1/erasure-receipts/{marker_id}"),
 ]

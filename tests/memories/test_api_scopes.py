@@ -11,14 +11,16 @@ from typing import Any
 
 import pytest
 
+from dashboard.access import reach_of
 from dashboard.audit.services import Actor
 from dashboard.memories import services
 from dashboard.memories.openapi import HEADER, PROBLEM
-from tests.factories import ALL_SCOPES, make_key, make_user
+from tests.factories import ALL_SCOPES, make_key, make_team, make_user
 
 MEMORY = "/v1/memories/<memory_id:memory_id>"
 RECEIPT = "/v1/erasure-receipts/<marker_id>"
 PUBLIC = {("GET", "/v1/openapi.json")}  # the document: no key at all
+TEAM = "scoped-team"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,9 @@ CASES = [
     *forget_cases("memory:redact", "redact"),
     *forget_cases("memory:hard_delete", "hard_delete"),
     Case("POST", f"{MEMORY}/restore", "memory:delete", 200, "deleted"),
+    # Sharing to a team the key acts for (the owner a member who may write there).
+    Case("POST", f"{MEMORY}/share", "memory:write", 201, "active",
+         {"json": {"team": TEAM}}),
     Case("GET", f"{MEMORY}/receipts", "memory:read", 200, "deleted"),
     Case("GET", RECEIPT, "memory:read", 200, "receipt"),
 ]
@@ -58,12 +63,17 @@ CASES = [
 
 @pytest.fixture
 def owner(db_session):
-    return make_user(db_session)
+    """Someone in a team (a member) whom every key here may act for."""
+    user = make_user(db_session)
+    make_team(db_session, make_user(db_session), slug=TEAM, members={user: "member"})
+    return user
 
 
 def key_holding(session, owner, scopes: list[str]) -> str:
-    """A key with exactly ``scopes`` (memory:hard_delete set as an admin's grant would)."""
-    key, raw = make_key(session, owner, scopes=["memory:read"])
+    """A key with exactly ``scopes`` (memory:hard_delete set as an admin's grant would),
+    acting for the owner's team."""
+    key, raw = make_key(session, owner, scopes=["memory:read"],
+                        team_ids=[*reach_of(session, owner.id).seats])
     key.scopes = list(scopes)
     session.commit()  # a refused call rolls back: the key must outlive it
     return raw

@@ -371,17 +371,18 @@ def test_an_export_being_made_when_an_erasure_withdraws_it_stores_nothing(
     export, _ = request_export(committed.session, owner, interval=600)
     committed.session.commit()
     export_id, memory_id = export.id, memory.id
-    write_sections = export_services._write_sections
+    write_person = export_services.write_person
     erased: list[int] = []
 
     def erase_meanwhile(*args, **kwargs):
-        write_sections(*args, **kwargs)  # the job has read the memory, canary and all
+        written = write_person(*args, **kwargs)  # the job has read the memory, canary and all
         with committed_session() as other:
             erased.append(forget_memory(other, owner.id, memory_id, mode="redact",
                                         actor=Actor.of(owner)).marker_id)
             other.commit()
+        return written
 
-    monkeypatch.setattr(export_services, "_write_sections", erase_meanwhile)
+    monkeypatch.setattr(export_services, "write_person", erase_meanwhile)
     with committed_session() as job:
         assert build_export(job, export_id) == "withdrawn"
     with committed_session() as check:

@@ -1,20 +1,23 @@
 """/settings/keys: guests are sent to sign in; a user lists, creates (the secret shown
 once, no-store) and revokes (with a confirmation) their own keys only; CSRF on every
-POST. The admin action "Grant memory:hard_delete": admins only, audited."""
+POST. A key acts for the teams ticked among its owner's, within each one's longest key
+lifetime. The admin action "Grant memory:hard_delete": admins only, audited."""
 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
 
+from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
-from dashboard.memories.keys import HARD_DELETE, create_key
+from dashboard.memories.keys import HARD_DELETE, create_key, credential_of
 from dashboard.memories.models import ApiKey
 from tests.conftest import csrf_from
-from tests.factories import make_user
+from tests.factories import make_team, make_user
 
 INDEX, REVOKE = "/settings/keys/", "/settings/keys/revoke/"
 SECRET_RE = re.compile(r"op_[0-9a-f]{12}_[A-Za-z0-9_-]{43}")
@@ -209,3 +212,73 @@ def test_grant_hard_delete_action_skips_revoked_and_granted_keys(client, db_sess
     db_session.expire_all()
     assert HARD_DELETE in db_session.get(ApiKey, fresh.id).scopes
     assert HARD_DELETE not in db_session.get(ApiKey, revoked.id).scopes
+
+
+# -- the teams a key may act for ----------------------------------------------------------
+
+TEAM_BOX = re.compile(r'<input[^>]*name="teams"[^>]*value="(\d+)"([^>]*)>')
+
+
+def test_a_key_acts_for_the_teams_ticked_among_its_owners_and_the_list_names_them(
+        client, db_session, user):
+    lead = make_user(db_session)
+    pilot = make_team(db_session, lead, name="Pilot", members={user: "member"})
+    ops = make_team(db_session, lead, name="Ops", members={user: "reader"})
+    make_team(db_session, lead, name="Not theirs")
+    page = client.get(INDEX).get_data(as_text=True)
+    # Each of their teams is a box, none ticked; a team they are not in is not offered.
+    assert {int(v): "checked" in rest for v, rest in TEAM_BOX.findall(page)} == {
+        pilot.id: False, ops.id: False}
+    assert "Not theirs" not in page
+    response = create(client, teams=[str(pilot.id)])
+    assert response.status_code == 200
+    assert "It may act for: Pilot." in response.get_data(as_text=True)
+    (key,) = own_keys(db_session, user)
+    assert key.team_ids == [pilot.id]
+    (event,) = db_session.scalars(select(AuditEvent).where(
+        AuditEvent.action == "api_key.create", AuditEvent.target_id == str(key.id)))
+    assert event.details["teams"] == [pilot.id]  # by id: never a team's name
+    row = re.search(rf'<tr id="key-{key.id}">.*?</tr>', client.get(INDEX).get_data(
+        as_text=True), re.S).group(0)
+    assert re.search(r"<td data-teams><span class=\"d-block\">Pilot</span></td>", row)
+
+
+def test_a_key_for_a_team_they_are_not_in_is_a_form_error(client, db_session, user):
+    other = make_team(db_session, make_user(db_session), name="Elsewhere")
+    for teams in ([str(other.id)], ["not-a-number"]):
+        response = create(client, teams=teams)
+        assert response.status_code == 400
+        assert "Choose teams from the list." in response.get_data(as_text=True)
+    assert own_keys(db_session, user) == []
+
+
+@pytest.mark.parametrize("days", [None, 45])
+def test_an_expiry_beyond_a_teams_key_lifetime_is_refused_naming_the_team_and_limit(
+        client, db_session, user, days):
+    pilot = make_team(db_session, make_user(db_session), name="Pilot",
+                      members={user: "member"}, max_key_days=30)
+    expiry = {} if days is None else {
+        "expires_at": (datetime.now(UTC) + timedelta(days=days)).date().isoformat()}
+    page = client.get(INDEX).get_data(as_text=True)
+    assert "(keys for it live 30 days at most)" in page
+    response = create(client, teams=[str(pilot.id)], **expiry)
+    assert response.status_code == 400
+    assert "Pilot lets a key act for it for at most 30 days" in response.get_data(
+        as_text=True)
+    assert own_keys(db_session, user) == []
+
+
+def test_an_expiry_within_a_teams_key_lifetime_is_a_key_that_reaches_it(client, db_session,
+                                                                        user):
+    pilot = make_team(db_session, make_user(db_session), name="Pilot",
+                      members={user: "member"}, max_key_days=30)
+    day = (datetime.now(UTC) + timedelta(days=28)).date().isoformat()
+    assert create(client, teams=[str(pilot.id)], expires_at=day).status_code == 200
+    (key,) = own_keys(db_session, user)
+    assert reach_of(db_session, user.id, credential_of(key)).owner_ids == [user.id, pilot.id]
+    # The team shortens its limit later: the key no longer acts for it, and says so.
+    pilot.max_key_days = 7
+    db_session.flush()
+    assert reach_of(db_session, user.id, credential_of(key)).owner_ids == [user.id]
+    assert "does not act for it: it lives longer than the team&#39;s 7 days" in \
+        client.get(INDEX).get_data(as_text=True)

@@ -84,7 +84,7 @@ def test_creation_is_audited_with_prefix_scopes_and_expiry_but_not_the_name(db_s
     (event,) = events_of(db_session, key)
     assert (event.action, event.actor_type, event.actor_id, event.owner_id) == (
         "api_key.create", "user", str(owner.id), owner.id)
-    assert event.details == {"prefix": key.prefix, "scopes": ["memory:read"],
+    assert event.details == {"prefix": key.prefix, "scopes": ["memory:read"], "teams": [],
                              "expires_at": expires.isoformat()}
 
 
@@ -264,7 +264,7 @@ def test_revocation_is_audited_once_without_the_secret(db_session, owner):
     assert revoke_key(db_session, key, actor=Actor.of(owner), now=NOW) is False
     (event,) = events_of(db_session, key, "api_key.revoke")
     assert (event.actor_type, event.owner_id) == ("user", owner.id)
-    assert event.details == {"prefix": key.prefix, "scopes": ["memory:read"],
+    assert event.details == {"prefix": key.prefix, "scopes": ["memory:read"], "teams": [],
                              "expires_at": None,
                              "before": {"revoked_at": None},
                              "after": {"revoked_at": NOW.isoformat()}}

@@ -101,6 +101,10 @@ class Recorder:
         """The statements that ordered by distance."""
         return [(s, p) for s, p in self.ran if "<=>" in s]
 
+    def hnsw(self):
+        """The statements that searched the partial index (``AND ann``, its predicate)."""
+        return [(s, p) for s, p in self.nearest() if "memory_chunks.ann" in s]
+
 
 def explain(db_session, statements) -> dict:
     """EXPLAIN (FORMAT JSON) of the last statement, replayed after the ones before it (its
@@ -151,7 +155,8 @@ def test_a_user_with_fewer_than_k_chunks_gets_them_all(db_session, count_queries
     with count_queries() as q:
         hits = search_memory(db_session, small.id, "anything", 10, embedder=RandomQuery(rng))
     assert sorted(h.content for h in hits) == [f"c{10_000 + i}" for i in range(4)]
-    assert q.count == 2  # the path (the note's flag, one row's model), then the exact scan
+    # One statement: the path (the note's flag, one row's model) and the exact scan.
+    assert q.count == 1
 
 
 def test_a_user_above_the_threshold_takes_the_partial_hnsw_index_and_gets_k_rows(db_session):
@@ -179,8 +184,10 @@ def test_a_user_above_the_threshold_takes_the_partial_hnsw_index_and_gets_k_rows
     assert [h.distance for h in hits] == sorted(h.distance for h in hits)
     assert "Standup" in hits[0].content
     settings = [(s, p) for s, p in recorder.ran if "set_config" in s]
-    nearest = recorder.nearest()
-    assert len(settings) == 1 and len(nearest) == 1  # the HNSW path alone: no top-up
+    nearest = recorder.hnsw()
+    # The path statement (which scans no small owner here), then the HNSW path alone: no
+    # top-up.
+    assert len(settings) == 1 and len(nearest) == 1 and len(recorder.nearest()) == 2
     # Its settings stayed inside search_memory: the caller's transaction is as it was.
     assert db_session.execute(text("SHOW enable_sort")).scalar() == "on"
     plan = explain(db_session, settings + nearest)

@@ -1,0 +1,158 @@
+"""Teams in a real browser (headless Chromium), at a desktop's width and a phone's: the
+pilot lead creates a team and invites a member; in a second browser session the member,
+signed in as the invited address, accepts; the member saves a memory on the team memories
+page (by the keyboard); the lead sees it, saying who saved it. Every team page passes
+axe-core's WCAG 2.1 AA rules, labels every form control, fits the screen, and carries no
+Content-Security-Policy violation."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+import pytest
+from sqlalchemy import delete, select
+
+from dashboard.auth.models import User
+from dashboard.teams.models import Team
+from tests.browser.axe import axe_source, violations
+from tests.browser.conftest import Page, chromium, screenshots_folder
+from tests.conftest import IN_CI
+
+pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
+from selenium.webdriver.support.ui import Select  # noqa: E402
+
+pytestmark = pytest.mark.processes  # real processes or servers: slow
+
+WINDOWS = {"desktop": (1280, 900), "phone": (390, 844)}
+# Every visible form control, and whether something names it: a <label> of its own, or
+# aria-label / aria-labelledby (a hidden input needs none).
+UNLABELLED = """
+return [...document.querySelectorAll('main input, main select, main textarea')]
+  .filter(e => e.type !== 'hidden')
+  .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
+               && !e.getAttribute('aria-labelledby'))
+  .map(e => e.outerHTML.slice(0, 120));"""
+FITS = "return document.documentElement.scrollWidth <= window.innerWidth;"
+
+
+@pytest.fixture(scope="module")
+def axe() -> str:
+    try:
+        return axe_source()
+    except FileNotFoundError:
+        if IN_CI:
+            pytest.fail("npm is needed to fetch axe-core (apt-get install npm)")
+        pytest.skip("npm is needed to fetch axe-core (apt-get install npm)")
+
+
+@pytest.fixture
+def people(committed):
+    """The lead and the person they invite, committed for the live server; the team the
+    test makes (its account a users row) is deleted with them."""
+    lead = committed.user(email="pilot-lead@example.test")
+    lead.display_name = "Lena Lead"
+    member = committed.user(email="pilot-member@example.test")
+    member.display_name = "Mo Member"
+    committed.session.commit()
+    yield lead, member
+    session = committed.session
+    session.rollback()
+    accounts = session.scalars(select(Team.id).where(Team.created_by_id == lead.id)).all()
+    if accounts:
+        session.execute(delete(User).where(User.id.in_(accounts)))
+        session.commit()
+
+
+@pytest.fixture
+def second(base_url, tmp_path_factory):
+    """A second browser: the invited member's own session."""
+    with chromium() as driver:
+        yield Page(driver, base_url, screenshots_folder(tmp_path_factory))
+
+
+def checked(page: Page, found: dict, name: str) -> None:
+    """axe's violations, unlabelled controls and overflow of the page shown, kept by name."""
+    problems = [(v["id"], v["impact"], v["nodes"]) for v in violations(page.driver)]
+    unlabelled = page.driver.execute_script(UNLABELLED)
+    if unlabelled:
+        problems.append(("unlabelled", unlabelled))
+    if not page.driver.execute_script(FITS):
+        problems.append(("wider than the screen", page.driver.current_url))
+    if problems:
+        found[name] = problems
+
+
+def focus_and_enter(page: Page, css: str) -> None:
+    """Tab from the focused field to ``css`` and press Enter: the keyboard alone."""
+    target = page.find(css)
+    for _ in range(10):
+        if page.driver.switch_to.active_element == target:
+            break
+        page.driver.switch_to.active_element.send_keys(Keys.TAB)
+    assert page.driver.switch_to.active_element == target
+    target.send_keys(Keys.ENTER)
+    page.settle()
+
+
+@pytest.mark.parametrize("size", list(WINDOWS))
+def test_a_lead_invites_a_member_who_saves_to_the_team(page, second, axe, people, size):
+    lead, member = people
+    slug = f"pilot-{size}"
+    found: dict = {}
+    for browser in (page, second):
+        browser.driver.set_window_size(*WINDOWS[size])
+        browser.driver.set_script_timeout(60)
+    try:
+        # The lead makes the team: typed, and sent with Enter.
+        page.sign_in(lead.email)
+        page.open("/teams/")
+        checked(page, found, "teams")
+        page.find("#name").send_keys("Pilot team")
+        page.find("#slug").send_keys(slug, Keys.ENTER)
+        page.wait().until(lambda d: d.current_url.endswith(f"/teams/{slug}/"))
+        page.settle()
+        assert "Team Pilot team created" in page.text
+        checked(page, found, "home")
+        # An invitation, its link shown once.
+        page.find("#email").send_keys(member.email)
+        Select(page.find("select#role")).select_by_value("member")
+        page.click("#invitations form button[type=submit]")
+        link = page.find("#invitation-link").get_attribute("value")
+        assert "/teams/join/opti_" in link
+        checked(page, found, "invited")
+        # The member, in a browser of their own, signed in as the invited address.
+        second.sign_in(member.email)
+        second.open(urlsplit(link).path)
+        assert "Join Pilot team?" in second.text
+        checked(second, found, "join")
+        second.click("#join form button[type=submit]")
+        second.wait().until(lambda d: d.current_url.endswith(f"/teams/{slug}/"))
+        second.settle()
+        assert "Welcome to Pilot team" in second.text
+        # The member saves to the team: typed, then Tab to "Save to …" and Enter.
+        second.open(f"/teams/{slug}/memories/")
+        checked(second, found, "memories (empty)")
+        second.find("#content").send_keys("The release train leaves every second Tuesday.")
+        focus_and_enter(second, "#save-to-team")
+        second.wait_for_text("Saved to Pilot team.")
+        # The lead sees it, and who saved it with what.
+        page.open(f"/teams/{slug}/memories/")
+        card = page.find("article.uc-memory")
+        assert "The release train leaves every second Tuesday." in card.text
+        assert "Saved by Mo Member via OrbitPilot" in card.text
+        assert card.find_element(By.LINK_TEXT, "Who can see this?").get_attribute(
+            "href").endswith(f"/teams/{slug}/access")
+        checked(page, found, "memories")
+        for path in ("", "status", "access", "settings", "audit",
+                     f"members/remove?user_id={member.id}", "leave", "memories/receipts/"):
+            page.open(f"/teams/{slug}/{path}")
+            checked(page, found, path or "home with a member")
+        if size == "phone":
+            page.screenshot("phone-team-memories.png")
+        assert found == {}
+        page.assert_no_violations()
+        second.assert_no_violations()
+    finally:
+        page.driver.set_window_size(1280, 1000)
