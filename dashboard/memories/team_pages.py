@@ -17,7 +17,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
 from sqlalchemy import Integer, String, column, func, select, table
-from wtforms import HiddenField, TextAreaField
+from wtforms import TextAreaField
 
 from dashboard.access import Action, Reach, TeamSeat, may, members_among, reach_of
 from dashboard.audit.services import Actor
@@ -28,10 +28,9 @@ from dashboard.ids import parse_id
 from dashboard.memories import reach as reached
 from dashboard.memories import services
 from dashboard.memories.models import MEMORY_STATUSES, ApiKey, ForgetMarker, Memory
-from dashboard.memories.pages import MODE_LABELS, backup_horizon
+from dashboard.memories.pages import MODE_LABELS, ForgetForm, RestoreForm, backup_horizon
 from dashboard.memories.services import (
     MAX_CONTENT,
-    MAX_REASON,
     REDACTED,
     SCOPE_FOR_OPERATION,
     InvalidMemoryInput,
@@ -76,20 +75,6 @@ class SaveForm(FlaskForm):
 
 class EditForm(FlaskForm):
     content = TextAreaField("Memory", render_kw={"rows": 5, "maxlength": MAX_CONTENT})
-
-
-class ForgetForm(FlaskForm):
-    mode = HiddenField()
-    reason = TextAreaField("Reason (optional, kept on the receipt)",
-                           render_kw={"rows": 2, "maxlength": MAX_REASON})
-    replacement_content = TextAreaField(
-        "Replacement text (optional)",
-        render_kw={"rows": 3, "maxlength": MAX_CONTENT, "placeholder": REDACTED})
-
-
-class RestoreForm(FlaskForm):
-    reason = TextAreaField("Reason (optional, kept on the receipt)",
-                           render_kw={"rows": 2, "maxlength": MAX_REASON})
 
 
 def _refuse(exc: Refusal) -> NoReturn:
@@ -287,10 +272,7 @@ def edit(slug: str, memory_id: str):
         if _field_error(form, exc):
             return page(400)
         _refuse(exc)
-    except MemoryBusy as exc:
-        db.session.rollback()
-        return page(refusal_status(exc), exc.sentence)
-    except MemoryConflict as exc:
+    except (MemoryBusy, MemoryConflict) as exc:
         db.session.rollback()
         return page(refusal_status(exc), exc.sentence)
     except Refusal as exc:
