@@ -292,18 +292,6 @@ def save_document_client(session: Session, url: str, document: Mapping[str, Any]
 
 # -- scopes and consent ---------------------------------------------------------------------
 
-def requested_scopes(scope: object, client: OAuthClient) -> list[str]:
-    """The scopes asked for (space-separated), in SCOPES order; none named: read only.
-    Unknown ones are refused."""
-    asked = (scope if isinstance(scope, str) else "").split()
-    if not asked:
-        asked = (client.scope or "memory:read").split()
-    unknown = set(asked) - set(SCOPES)
-    if unknown:
-        raise ConnectorError("Unknown scope: " + ", ".join(sorted(unknown)) + ".", "scope")
-    return [scope for scope in SCOPES if scope in asked]
-
-
 def grantable(scopes: Iterable[str], existing: OAuthGrant | None = None) -> list[str]:
     """What a user's consent gives: the elevated scope only if an admin gave it already."""
     kept = set(existing.scopes) if existing is not None and existing.revoked_at is None else set()

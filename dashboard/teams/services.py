@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -225,23 +224,6 @@ def key_lifetime_allowed(team: Team, credential: Credential) -> bool:
     return credential.key_expires_at is not None and \
         credential.key_expires_at <= credential.key_created_at + \
         timedelta(days=team.max_key_days)
-
-
-def usable_team_ids(session: Session, user_id: int, team_ids: Iterable[object]) -> list[int]:
-    """The team ids a person may name on a key or a connection: teams they are in."""
-    wanted = set()
-    for value in team_ids:
-        try:
-            wanted.add(int(value))  # type: ignore[call-overload]
-        except (TypeError, ValueError):
-            raise TeamError("Choose teams from the list.", "teams") from None
-    if not wanted:
-        return []
-    mine = set(session.scalars(select(TeamMember.team_id).where(
-        TeamMember.user_id == user_id, TeamMember.team_id.in_(wanted))))
-    if mine != wanted:
-        raise TeamError("Choose teams from the list.", "teams")
-    return sorted(mine)
 
 
 # -- members and roles ----------------------------------------------------------------------
