@@ -5,8 +5,8 @@
 
 On a database of its own (``orbitpilot_bench``, or BENCH_DATABASE_URL), dropped after
 unless --keep: (1) builds of one user with N chat pairs — full, no-op, one message, the dry
-run; (2) MiniLM against hashing in a forked work horse, then texts/s of hashing, MiniLM fp32
-and bf16 on realistic chat pairs, alternating, with the first builds they imply (--only-
+run; (2) MiniLM against hashing in a forked work horse, then texts/s of hashing and MiniLM
+on realistic chat pairs, alternating, with the first builds they imply (--only-
 throughput: just that); (3) retrieval over 1,000,000 chunks and a 200,000-chunk user on HNSW
 (recall against numpy's exact answer); (4) crossing ANN_MIN_CHUNKS. Nothing passes or fails."""
 
@@ -238,7 +238,6 @@ def bench_minilm(app, texts_count: int, pairs: int) -> None:
     )
 
     started = time.perf_counter()
-    # Found, not imported: torch must start after the embedder sets OMP_WAIT_POLICY.
     if not minilm_available():
         print("\n== MiniLM: skipped (install the ml extra) ==")
         return
@@ -257,8 +256,7 @@ def bench_minilm(app, texts_count: int, pairs: int) -> None:
     embedder.embed(texts)
     here = len(texts) / (time.perf_counter() - started)
     print(f"MiniLM:                {forked:,.0f} texts/s in a forked work horse, {here:,.0f} "
-          f"texts/s in-process ({embedder.threads} threads, batches of "
-          f"{embedder.batch_size}, {embedder.precision})")
+          f"texts/s in-process (NumPy, batches of {embedder.batch_size})")
     print(f"hashing:               {hashing:,.0f} texts/s on the same texts")
 
     print(f"-- MiniLM: full build of {pairs:,} pairs, then an unchanged full rebuild --")
@@ -390,26 +388,11 @@ def texts_per_second(embedder, texts: list[str]) -> tuple[float, np.ndarray]:
     return len(texts) / (time.perf_counter() - started), vectors
 
 
-def top_k_agreement(reference: tuple[np.ndarray, np.ndarray],
-                    other: tuple[np.ndarray, np.ndarray], k: int = 10) -> tuple[float, float]:
-    """(share of the reference's top k that ``other`` finds too, share of equal top 1), for
-    the same queries over the same corpus: (query rows, corpus rows) each."""
-    tops = [np.argsort(-(queries @ corpus.T), axis=1, kind="stable")[:, :k]
-            for queries, corpus in (reference, other)]
-    overlap = [len(set(a) & set(b)) / k for a, b in zip(*tops, strict=True)]
-    return statistics.mean(overlap), float(np.mean(tops[0][:, 0] == tops[1][:, 0]))
-
-
 def bench_throughput(app, texts_count: int, rounds: int, build_pairs: int,
                      projected: int) -> None:
     """Texts/s of each embedder on the same chat pairs, in the same rounds (the order turns
-    each round), medians; then as many MiniLM full builds of each precision, alternating."""
-    from dashboard.memory.embedders import (
-        HashingEmbedder,
-        MiniLMEmbedder,
-        cpu_has_bf16,
-        minilm_available,
-    )
+    each round), medians; then as many MiniLM full builds."""
+    from dashboard.memory.embedders import HashingEmbedder, MiniLMEmbedder, minilm_available
 
     pairs = realistic_pairs(texts_count)
     texts = [pair_text(q, a) for q, a in pairs]
@@ -417,27 +400,21 @@ def bench_throughput(app, texts_count: int, rounds: int, build_pairs: int,
           f"{load_note()} ==")
     embedders = {"hashing": HashingEmbedder}  # a fresh one each round: a first build's memo
     if minilm_available():
-        fp32 = MiniLMEmbedder(precision="fp32")  # imports torch, after OMP_WAIT_POLICY
-        bf16 = MiniLMEmbedder(precision="bf16")
-        embedders |= {"MiniLM fp32": lambda: fp32, "MiniLM bf16": lambda: bf16}
-        import torch
-
-        lengths = [len(ids) for ids in fp32._model.tokenizer(texts)["input_ids"]]
-        print(f"tokens per text: median {statistics.median(lengths):.0f} (min {min(lengths)}, "
-              f"max {max(lengths)}, with [CLS] and [SEP]); {fp32.threads} torch threads, "
-              f"batches of {fp32.batch_size}; bf16 units: {'yes' if cpu_has_bf16() else 'no'} "
-              f"(torch's CPU capability: {torch.backends.cpu.get_cpu_capability()})")
-        for embedder in (fp32, bf16):
-            embedder.embed(texts[:64])  # warm: the first pass builds the kernels
+        minilm = MiniLMEmbedder()
+        embedders["MiniLM"] = lambda: minilm
+        tokens = minilm._model.encode(texts)[1].sum(axis=1).astype(int).tolist()
+        print(f"tokens per text: median {statistics.median(tokens):.0f} (min {min(tokens)}, "
+              f"max {max(tokens)}, with [CLS] and [SEP]); NumPy, batches of "
+              f"{minilm.batch_size}")
+        minilm.embed(texts[:64])  # warm
     else:
         print("MiniLM: not measured (install the ml extra)")
     names = list(embedders)
     rates: dict[str, list[float]] = {name: [] for name in names}
-    vectors: dict[str, np.ndarray] = {}
     for number in range(rounds):
         turn = number % len(names)
         for name in names[turn:] + names[:turn]:
-            rate, vectors[name] = texts_per_second(embedders[name](), texts)
+            rate, _ = texts_per_second(embedders[name](), texts)
             rates[name].append(rate)
         print(f"round {number + 1}: "
               + "  ".join(f"{name} {rates[name][-1]:,.0f}" for name in names)
@@ -448,43 +425,27 @@ def bench_throughput(app, texts_count: int, rounds: int, build_pairs: int,
           "only): " + " | ".join(f"{name} {projected / median[name]:,.1f} s" for name in names))
     if len(names) == 1:
         return
-    fast = median["MiniLM bf16"]
-    print(f"  bf16 / fp32 = {fast / median['MiniLM fp32']:.2f}x; hashing / bf16 = "
-          f"{median['hashing'] / fast:,.0f}x; bf16 {fast:,.0f} texts/s (target >= 65 on 2 "
-          f"cores) {verdict(fast >= 65)}")
-    cosines = np.sum(vectors["MiniLM fp32"] * vectors["MiniLM bf16"], axis=1)
-    questions = [q for q, _ in pairs[:100]]
-    agreement, top1 = top_k_agreement((fp32.embed(questions), vectors["MiniLM fp32"]),
-                                      (bf16.embed(questions), vectors["MiniLM bf16"]))
-    print(f"  bf16 against fp32: cosine mean {cosines.mean():.6f}, min {cosines.min():.6f} "
-          f"over {len(texts):,} texts; {len(questions)} questions over them: top-10 "
-          f"agreement {agreement:.3f}, same top 1 {top1:.2f}")
+    fast = median["MiniLM"]
+    print(f"  hashing / MiniLM = {median['hashing'] / fast:,.0f}x; MiniLM {fast:,.0f} texts/s "
+          f"(target >= 65 on 2 cores) {verdict(fast >= 65)}")
 
-    print(f"-- MiniLM full builds of {build_pairs:,} new pairs each, fp32 and bf16 "
-          f"alternating, {rounds} rounds --")
+    print(f"-- MiniLM full builds of {build_pairs:,} new pairs each, {rounds} rounds --")
     build_texts = realistic_pairs(build_pairs, seed=6)
-    builds: dict[str, list[tuple[float, int, float]]] = {"fp32": [], "bf16": []}
+    runs: list[tuple[float, int, float]] = []
     with app.app_context():
         session = db.session
         for number in range(rounds):
-            order = [("fp32", fp32), ("bf16", bf16)]
-            for precision, embedder in order if number % 2 == 0 else order[::-1]:
-                user, _ = make_chat_user(session, build_pairs, texts=build_texts,
-                                         email=f"throughput-{precision}-{number}@bench.test")
-                build_s, result = timed_build(session, user, "full", embedder)
-                builds[precision].append((build_s, result.embedded,
-                                          result.timings["embed_ms"] / 1000))
+            user, _ = make_chat_user(session, build_pairs, texts=build_texts,
+                                     email=f"throughput-{number}@bench.test")
+            build_s, result = timed_build(session, user, "full", minilm)
+            runs.append((build_s, result.embedded, result.timings["embed_ms"] / 1000))
         db.session.remove()
-    seconds = {}
-    for precision, runs in builds.items():
-        seconds[precision] = statistics.median(s for s, _, _ in runs)
-        rate = statistics.median(embedded / s for s, embedded, _ in runs)
-        embedding = statistics.median(embedded / s for _, embedded, s in runs)
-        print(f"MiniLM {precision}: full build median {ms(seconds[precision])} ("
-              + ", ".join(ms(s) for s, _, _ in runs) + f"; embedded {runs[0][1]:,}): "
-              f"{rate:,.0f} texts/s whole, {embedding:,.0f} in its embed phase -> "
-              f"{projected:,} pairs ~ {projected / rate:,.0f} s")
-    print(f"  build time fp32 / bf16 = {seconds['fp32'] / seconds['bf16']:.2f}x")
+    seconds = statistics.median(s for s, _, _ in runs)
+    rate = statistics.median(embedded / s for s, embedded, _ in runs)
+    embedding = statistics.median(embedded / s for _, embedded, s in runs)
+    print(f"MiniLM: full build median {ms(seconds)} (" + ", ".join(ms(s) for s, _, _ in runs)
+          + f"; embedded {runs[0][1]:,}): {rate:,.0f} texts/s whole, {embedding:,.0f} in its "
+          f"embed phase -> {projected:,} pairs ~ {projected / rate:,.0f} s")
 
 
 # -- 3. retrieval ------------------------------------------------------------------------------

