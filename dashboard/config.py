@@ -9,16 +9,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+
+class SettingError(ValueError):
+    """A setting the environment gives that its coercer cannot read: the app refuses to
+    start rather than run on a guess ("ture" is not quietly False)."""
+
 
 def parse_boolean(value: str) -> bool:
-    return value.strip().lower() in {"1", "true", "yes", "on"}
+    word = value.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError("not a boolean: use true or false (also yes/no, on/off, 1/0)")
 
 
 def _env(name: str, default: Any, coercer: Callable[[str], Any] = str) -> Any:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
-    return coercer(raw)
+    try:
+        return coercer(raw)
+    except ValueError as exc:
+        raise SettingError(f"{name}: {exc}") from None
 
 
 def _instance_secret_key(instance_path: Path, name: str = "secret_key") -> str:

@@ -1,10 +1,13 @@
-"""The instance's generated keys: one key however many processes start at once, and
-never a file another process is still writing."""
+"""Settings: the instance's generated keys (one key however many processes start at once,
+never a file another process is still writing), and a value no coercer can read stops the
+start with the setting's name."""
 
 from __future__ import annotations
 
 import threading
 import time
+
+import pytest
 
 from dashboard.config import _instance_secret_key
 
@@ -38,3 +41,23 @@ def test_a_key_file_still_being_written_is_waited_for(tmp_path):
     writer.start()
     assert _instance_secret_key(tmp_path) == "k" * 64
     writer.join()
+
+
+def test_a_boolean_setting_is_read_strictly(monkeypatch, tmp_path):
+    from dashboard.config import SettingError, settings_from_env
+
+    for word, meant in (("Yes", True), (" on ", True), ("1", True), ("off", False),
+                        ("FALSE", False), ("0", False)):
+        monkeypatch.setenv("SESSION_COOKIE_SECURE", word)
+        assert settings_from_env(tmp_path)["SESSION_COOKIE_SECURE"] is meant, word
+    monkeypatch.setenv("SESSION_COOKIE_SECURE", "ture")  # a typo is not quietly False
+    with pytest.raises(SettingError, match="^SESSION_COOKIE_SECURE: not a boolean"):
+        settings_from_env(tmp_path)
+
+
+def test_a_number_setting_that_is_no_number_stops_the_start(monkeypatch, tmp_path):
+    from dashboard.config import SettingError, settings_from_env
+
+    monkeypatch.setenv("TRUSTED_PROXIES", "two")
+    with pytest.raises(SettingError, match="^TRUSTED_PROXIES: "):
+        settings_from_env(tmp_path)
