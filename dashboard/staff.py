@@ -26,6 +26,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from dashboard.extensions import db
 from dashboard.ids import INT4_MAX, INT8_MAX, parse_int
+from dashboard.roles import STAFF_ROLES
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ _INT_LIMITS = {Integer: INT4_MAX, BigInteger: INT8_MAX}
 class RoleGate:
     """403 for a signed-in user without the role, a sign-in redirect otherwise."""
 
-    allowed_roles: tuple[str, ...] = ("support", "admin")
+    allowed_roles: tuple[str, ...] = STAFF_ROLES
 
     def is_accessible(self) -> bool:
         return current_user.is_authenticated and current_user.role in self.allowed_roles

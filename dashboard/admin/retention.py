@@ -31,6 +31,7 @@ from dashboard.retention import (
     retention_fingerprint,
     set_retention,
 )
+from dashboard.roles import STAFF_ROLES
 from dashboard.staff import RoleGate, parse_key
 
 STALE = ("This plan's retention changed while you were looking at the preview. Nothing "
@@ -55,7 +56,7 @@ def _parse_end(raw: object) -> datetime | None:
 
 
 class RetentionView(RoleGate, BaseView):
-    allowed_roles = ("support", "admin")
+    allowed_roles = STAFF_ROLES
 
     def _plan(self) -> Plan:
         key = parse_key(Plan, request.form.get("plan_id"))

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.anchors import Anchor, Anchoring, AnchorLog, encode
 from dashboard.audit.models import AuditChain, AuditCheckpoint, AuditEvent
+from dashboard.roles import ROLES, STAFF_ROLES
 
 GENESIS_HASH = "0" * 64
 # An arbitrary constant naming the audit chain's advisory lock.
@@ -36,12 +37,12 @@ class Actor:
     def of(cls, user: Any) -> Actor:
         """A signed-in person, named by role and id (never by email: emails change)."""
         role = getattr(user, "role", "user")
-        return cls(role if role in ("admin", "support") else "user", str(user.id))
+        return cls(role if role in STAFF_ROLES else "user", str(user.id))
 
     @property
     def user_id(self) -> int | None:
         """The account behind the actor, for a person; ``None`` for a key or the system."""
-        return int(self.id) if self.kind in ("admin", "support", "user") and self.id else None
+        return int(self.id) if self.kind in ROLES and self.id else None
 
 
 SYSTEM = Actor("system")

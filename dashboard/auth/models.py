@@ -9,11 +9,11 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
 from dashboard.models_base import created_at_column
+from dashboard.roles import ROLES, STAFF_ROLES
 
 if TYPE_CHECKING:
     from dashboard.plans.models import Plan
 
-ROLES = ("user", "support", "admin")
 # A person signs in; a team is an account that owns a team's memory (dashboard.teams).
 KINDS = ("person", "team")
 
@@ -66,7 +66,7 @@ class User(UserMixin, db.Model):
 
     @property
     def is_staff(self) -> bool:
-        return self.role in ("support", "admin")
+        return self.role in STAFF_ROLES
 
     @property
     def is_admin(self) -> bool:
