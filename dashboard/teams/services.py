@@ -336,6 +336,8 @@ def invite(session: Session, team: Team, by: TeamMember, *, email: object, role:
         TeamInvitation.team_id == team.id, TeamInvitation.email == address,
         TeamInvitation.accepted_at.is_(None), TeamInvitation.revoked_at.is_(None),
         TeamInvitation.expires_at > now)))
+    if by.role != "owner" and any(earlier.role == "owner" for earlier in replaced):
+        raise RoleTooLow("Only an owner can replace an invitation to be an owner.")
     for earlier in replaced:
         earlier.revoked_at = now
     raw = INVITATION_PREFIX + secrets.token_urlsafe(32)
@@ -375,6 +377,8 @@ def revoke_invitation(session: Session, team: Team, by: TeamMember, invitation_i
         invitation = None
     if invitation is None or invitation.team_id != team.id:
         raise NotFound("There is no such invitation.", "invitation")
+    if invitation.role == "owner" and by.role != "owner":
+        raise RoleTooLow("Only an owner can withdraw an invitation to be an owner.")
     if invitation.accepted_at is None and invitation.revoked_at is None:
         invitation.revoked_at = _now(now)
         session.flush()

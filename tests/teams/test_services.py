@@ -259,3 +259,21 @@ def test_one_search_covers_a_person_and_their_teams_each_labelled(db_session,
     # The search itself is one statement (plus the saved memories' states, one more).
     assert len([s for s in q.statements if "<=>" in s]) == 1
     assert q.count == 2
+
+
+def test_only_an_owner_withdraws_or_replaces_an_invitation_to_be_an_owner(db_session):
+    lead, deputy, invitee = (make_user(db_session) for _ in range(3))
+    team = make_team(db_session, lead, members={deputy: "admin"})
+    owner = teams.membership(db_session, team.id, lead.id)
+    admin = teams.membership(db_session, team.id, deputy.id)
+    invited = teams.invite(db_session, team, owner, email=invitee.email, role="owner",
+                           actor=Actor.of(lead))
+    with pytest.raises(teams.RoleTooLow, match="withdraw"):
+        teams.revoke_invitation(db_session, team, admin, invited.invitation.id,
+                                actor=Actor.of(deputy))
+    with pytest.raises(teams.RoleTooLow, match="replace"):  # inviting the address again
+        teams.invite(db_session, team, admin, email=invitee.email, role="member",
+                     actor=Actor.of(deputy))
+    assert db_session.get(TeamInvitation, invited.invitation.id).revoked_at is None
+    assert teams.accept_invitation(db_session, invited.token, invitee,
+                                   actor=Actor.of(invitee)).role == "owner"
