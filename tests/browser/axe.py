@@ -49,3 +49,27 @@ def violations(driver) -> list[dict]:
         ".catch(e => done([{id: 'axe-error', impact: 'critical', nodes: [String(e)]}]));",
         WCAG_AA)
     return found
+
+
+# Every visible form control, and whether something names it: a <label> of its own, or
+# aria-label / aria-labelledby (a hidden input needs none).
+UNLABELLED = """
+return [...document.querySelectorAll('main input, main select, main textarea')]
+  .filter(e => e.type !== 'hidden')
+  .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
+               && !e.getAttribute('aria-labelledby'))
+  .map(e => e.outerHTML.slice(0, 120));"""
+FITS = "return document.documentElement.scrollWidth <= window.innerWidth;"
+
+
+def checked(driver, found: dict, name: str) -> None:
+    """axe's violations, unlabelled controls and overflow of the page the driver shows,
+    kept in ``found`` by ``name``."""
+    problems = [(v["id"], v["impact"], v["nodes"]) for v in violations(driver)]
+    unlabelled = driver.execute_script(UNLABELLED)
+    if unlabelled:
+        problems.append(("unlabelled", unlabelled))
+    if not driver.execute_script(FITS):
+        problems.append(("wider than the screen", driver.current_url))
+    if problems:
+        found[name] = problems

@@ -22,7 +22,8 @@ import pytest
 
 from dashboard import create_app
 from dashboard.extensions import db
-from tests.conftest import make_test_config
+from tests.browser.axe import axe_source
+from tests.conftest import IN_CI, make_test_config
 from tests.factories import PASSWORD
 from tests.live import serving
 
@@ -31,6 +32,7 @@ try:
     from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 except ImportError:  # the dev extra is not installed: the browser fixture skips
@@ -207,6 +209,30 @@ class Page:
             warnings.warn(f"screenshot {name} not saved: {exc}", stacklevel=2)
             return None
         return target
+
+
+def focus_and_enter(page: Page, css: str) -> None:
+    """Tab from the focused field to ``css`` and press Enter: the keyboard alone."""
+    target = page.find(css)
+    for _ in range(10):
+        if page.driver.switch_to.active_element == target:
+            break
+        page.driver.switch_to.active_element.send_keys(Keys.TAB)
+    assert page.driver.switch_to.active_element == target
+    target.send_keys(Keys.ENTER)
+    page.settle()
+
+
+@pytest.fixture(scope="module")
+def axe() -> str:
+    """axe-core's script: without npm (and no ``$AXE_CORE_JS``) the tests that check pages
+    with it skip, which fails in CI."""
+    try:
+        return axe_source()
+    except FileNotFoundError:
+        if IN_CI:
+            pytest.fail("npm is needed to fetch axe-core (apt-get install npm)")
+        pytest.skip("npm is needed to fetch axe-core (apt-get install npm)")
 
 
 def screenshots_folder(tmp_path_factory) -> Path:

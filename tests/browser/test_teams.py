@@ -1,9 +1,10 @@
-"""Teams in a real browser (headless Chromium), at a desktop's width and a phone's: the
-pilot lead creates a team and invites a member; in a second browser session the member,
-signed in as the invited address, accepts; the member saves a memory on the team memories
-page (by the keyboard); the lead sees it, saying who saved it. Every team page passes
-axe-core's WCAG 2.1 AA rules, labels every form control, fits the screen, and carries no
-Content-Security-Policy violation."""
+"""Teams in a real browser (headless Chromium), at a phone's width: the pilot lead creates
+a team and invites a member; in a second browser session the member, signed in as the
+invited address, accepts; the member saves a memory on the team memories page (by the
+keyboard); the lead sees it, saying who saved it. Every team page passes axe-core's WCAG
+2.1 AA rules, labels every form control, fits the screen, and carries no
+Content-Security-Policy violation. A desktop's width is the whole pilot journey's
+(test_pilot_journey.py), which checks the same pages on the way."""
 
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from sqlalchemy import delete, select
 
 from dashboard.auth.models import User
 from dashboard.teams.models import Team
-from tests.browser.axe import axe_source, violations
-from tests.browser.conftest import Page, chromium, screenshots_folder
-from tests.conftest import IN_CI
+from tests.browser.axe import checked
+from tests.browser.conftest import Page, chromium, focus_and_enter, screenshots_folder
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -25,26 +25,7 @@ from selenium.webdriver.support.ui import Select  # noqa: E402
 
 pytestmark = pytest.mark.processes  # real processes or servers: slow
 
-WINDOWS = {"desktop": (1280, 900), "phone": (390, 844)}
-# Every visible form control, and whether something names it: a <label> of its own, or
-# aria-label / aria-labelledby (a hidden input needs none).
-UNLABELLED = """
-return [...document.querySelectorAll('main input, main select, main textarea')]
-  .filter(e => e.type !== 'hidden')
-  .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
-               && !e.getAttribute('aria-labelledby'))
-  .map(e => e.outerHTML.slice(0, 120));"""
-FITS = "return document.documentElement.scrollWidth <= window.innerWidth;"
-
-
-@pytest.fixture(scope="module")
-def axe() -> str:
-    try:
-        return axe_source()
-    except FileNotFoundError:
-        if IN_CI:
-            pytest.fail("npm is needed to fetch axe-core (apt-get install npm)")
-        pytest.skip("npm is needed to fetch axe-core (apt-get install npm)")
+PHONE = (390, 844)
 
 
 @pytest.fixture
@@ -72,68 +53,43 @@ def second(base_url, tmp_path_factory):
         yield Page(driver, base_url, screenshots_folder(tmp_path_factory))
 
 
-def checked(page: Page, found: dict, name: str) -> None:
-    """axe's violations, unlabelled controls and overflow of the page shown, kept by name."""
-    problems = [(v["id"], v["impact"], v["nodes"]) for v in violations(page.driver)]
-    unlabelled = page.driver.execute_script(UNLABELLED)
-    if unlabelled:
-        problems.append(("unlabelled", unlabelled))
-    if not page.driver.execute_script(FITS):
-        problems.append(("wider than the screen", page.driver.current_url))
-    if problems:
-        found[name] = problems
-
-
-def focus_and_enter(page: Page, css: str) -> None:
-    """Tab from the focused field to ``css`` and press Enter: the keyboard alone."""
-    target = page.find(css)
-    for _ in range(10):
-        if page.driver.switch_to.active_element == target:
-            break
-        page.driver.switch_to.active_element.send_keys(Keys.TAB)
-    assert page.driver.switch_to.active_element == target
-    target.send_keys(Keys.ENTER)
-    page.settle()
-
-
-@pytest.mark.parametrize("size", list(WINDOWS))
-def test_a_lead_invites_a_member_who_saves_to_the_team(page, second, axe, people, size):
+def test_on_a_phone_a_lead_invites_a_member_who_saves_to_the_team(page, second, axe, people):
     lead, member = people
-    slug = f"pilot-{size}"
+    slug = "pilot-phone"
     found: dict = {}
     for browser in (page, second):
-        browser.driver.set_window_size(*WINDOWS[size])
+        browser.driver.set_window_size(*PHONE)
         browser.driver.set_script_timeout(60)
     try:
         # The lead makes the team: typed, and sent with Enter.
         page.sign_in(lead.email)
         page.open("/teams/")
-        checked(page, found, "teams")
+        checked(page.driver, found, "teams")
         page.find("#name").send_keys("Pilot team")
         page.find("#slug").send_keys(slug, Keys.ENTER)
         page.wait().until(lambda d: d.current_url.endswith(f"/teams/{slug}/"))
         page.settle()
         assert "Team Pilot team created" in page.text
-        checked(page, found, "home")
+        checked(page.driver, found, "home")
         # An invitation, its link shown once.
         page.find("#email").send_keys(member.email)
         Select(page.find("select#role")).select_by_value("member")
         page.click("#invitations form button[type=submit]")
         link = page.find("#invitation-link").get_attribute("value")
         assert "/teams/join/opti_" in link
-        checked(page, found, "invited")
+        checked(page.driver, found, "invited")
         # The member, in a browser of their own, signed in as the invited address.
         second.sign_in(member.email)
         second.open(urlsplit(link).path)
         assert "Join Pilot team?" in second.text
-        checked(second, found, "join")
+        checked(second.driver, found, "join")
         second.click("#join form button[type=submit]")
         second.wait().until(lambda d: d.current_url.endswith(f"/teams/{slug}/"))
         second.settle()
         assert "Welcome to Pilot team" in second.text
         # The member saves to the team: typed, then Tab to "Save to …" and Enter.
         second.open(f"/teams/{slug}/memories/")
-        checked(second, found, "memories (empty)")
+        checked(second.driver, found, "memories (empty)")
         second.find("#content").send_keys("The release train leaves every second Tuesday.")
         focus_and_enter(second, "#save-to-team")
         second.wait_for_text("Saved to Pilot team.")
@@ -144,13 +100,12 @@ def test_a_lead_invites_a_member_who_saves_to_the_team(page, second, axe, people
         assert "Saved by Mo Member via OrbitPilot" in card.text
         assert card.find_element(By.LINK_TEXT, "Who can see this?").get_attribute(
             "href").endswith(f"/teams/{slug}/access")
-        checked(page, found, "memories")
+        checked(page.driver, found, "memories")
         for path in ("", "status", "access", "settings", "audit",
                      f"members/remove?user_id={member.id}", "leave", "memories/receipts/"):
             page.open(f"/teams/{slug}/{path}")
-            checked(page, found, path or "home with a member")
-        if size == "phone":
-            page.screenshot("phone-team-memories.png")
+            checked(page.driver, found, path or "home with a member")
+        page.screenshot("phone-team-memories.png")
         assert found == {}
         page.assert_no_violations()
         second.assert_no_violations()
