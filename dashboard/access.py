@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Integer, String, column, literal, select, table, tuple_
+from sqlalchemy import DateTime, Integer, String, column, literal, select, table, tuple_, update
 
 
 class Action(StrEnum):
@@ -132,7 +132,22 @@ def reach_of(session: Any, user_id: int, credential: Credential | None = None) -
 
 # Team memberships, read here so that domains below teams can tell a current member
 # from "a former member" without importing teams (which builds on them).
-_MEMBERS = table("team_members", column("team_id", Integer), column("user_id", Integer))
+_MEMBERS = table("team_members", column("team_id", Integer), column("user_id", Integer),
+                 column("last_active_at", DateTime(timezone=True)))
+# A member's last activity in a team is stamped at most this often (a write per minute).
+ACTIVITY_RESOLUTION = timedelta(minutes=1)
+
+
+def note_activity(session: Any, team_id: int, user_id: int, *, now: datetime | None = None
+                  ) -> None:
+    """Stamp ``user_id``'s last activity in the team: on its pages, and when they save or
+    change its memory through the API, MCP or the chat."""
+    now = now or datetime.now(UTC)
+    session.execute(update(_MEMBERS).where(
+        _MEMBERS.c.team_id == team_id, _MEMBERS.c.user_id == user_id,
+        _MEMBERS.c.last_active_at.is_(None)
+        | (_MEMBERS.c.last_active_at < now - ACTIVITY_RESOLUTION))
+        .values(last_active_at=now))
 
 
 def members_among(session: Any, pairs: set[tuple[int, int]]) -> set[tuple[int, int]]:

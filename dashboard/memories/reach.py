@@ -16,7 +16,15 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, String, and_, column, select, table, tuple_
 from sqlalchemy.orm import Session
 
-from dashboard.access import ACTION_FOR_MODE, Action, Reach, TeamSeat, may, members_among
+from dashboard.access import (
+    ACTION_FOR_MODE,
+    Action,
+    Reach,
+    TeamSeat,
+    may,
+    members_among,
+    note_activity,
+)
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.memories import services
@@ -89,6 +97,8 @@ def save_for(session: Session, reach: Reach, *, team: object = None, content: ob
     if seat is not None and not may(seat, Action.WRITE):
         _refuse(seat, Action.WRITE)
     owner = session.get(User, seat.team_id if seat else reach.user_id)
+    if seat is not None:
+        note_activity(session, seat.team_id, reach.user_id)
     return services.save_memory(session, owner=owner, content=content, metadata=metadata,
                                 source=source, actor=actor, api_key_id=api_key_id,
                                 client_name=client_name, author_id=reach.user_id,
@@ -111,6 +121,7 @@ def share_to_team(session: Session, reach: Reach, memory_id: object, team: objec
     if original.status != "active":
         raise MemoryConflict("Only an active memory can be shared.")
     owner = session.get(User, seat.team_id)
+    note_activity(session, seat.team_id, reach.user_id)
     saved = services.save_memory(session, owner=owner, content=original.content,
                                  metadata=original.metadata_, source=original.source,
                                  actor=actor, api_key_id=api_key_id,
@@ -126,10 +137,12 @@ def share_to_team(session: Session, reach: Reach, memory_id: object, team: objec
 # -- finding ---------------------------------------------------------------------------------
 
 def find_for(session: Session, reach: Reach, memory_id: object, *, operation: str = "get",
-             scopes: Scopes = None, lock: bool = False) -> Memory:
+             scopes: Scopes = None, lock: bool = False, acting: bool = True) -> Memory:
     """A memory the caller reaches (their own or a team's), if their role there allows
     ``operation``: the scope first (403), then the target (404, the same for someone
-    else's and for none; 410 hard-deleted), then the team role (403)."""
+    else's and for none; 410 hard-deleted), then the team role (403). A change to a
+    team's memory stamps the member's activity there, unless the caller is not about to
+    make it (``acting``: a page asking first; the team pages stamp every POST)."""
     check_scope(scopes, operation)
     parsed = parse_memory_id(memory_id)
     if parsed is None:
@@ -148,6 +161,8 @@ def find_for(session: Session, reach: Reach, memory_id: object, *, operation: st
         action = ACTION_FOR_OPERATION[operation]
         if not may(seat, action, author=memory.author_id == reach.user_id):
             _refuse(seat, action)
+        if acting and action != Action.READ:
+            note_activity(session, seat.team_id, reach.user_id)
     return memory
 
 

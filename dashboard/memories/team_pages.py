@@ -94,7 +94,7 @@ def _find(reach: Reach, seat: TeamSeat, memory_id: object, operation: str) -> Me
     that is not the team's (a personal or another team's too), 410 erased, 403 a role."""
     try:
         memory = reached.find_for(db.session, reach, memory_id, operation=operation,
-                                  scopes=PAGE_SCOPES)
+                                  scopes=PAGE_SCOPES, acting=False)
     except Refusal as exc:
         _refuse(exc)
     if memory.owner_id != seat.team_id:
@@ -302,7 +302,7 @@ def forget(slug: str, memory_id: str):
     if request.method == "POST":
         try:
             memory = reached.find_for(db.session, reach, memory_id, operation=mode,
-                                      scopes=PAGE_SCOPES)
+                                      scopes=PAGE_SCOPES, acting=False)
         except MemoryGone as exc:
             done = _done_already(seat, memory_id, mode)
             if done is None:

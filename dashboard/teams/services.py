@@ -10,12 +10,12 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from dashboard.access import Action, Credential, Reach, TeamSeat, may
+from dashboard.access import Action, Credential, Reach, TeamSeat, may, note_activity
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.auth.services import EMAIL_RE, normalise_email
@@ -41,8 +41,6 @@ MAX_NAME = 120
 SLUG_RE = re.compile(r"[a-z0-9][a-z0-9-]{1,38}[a-z0-9]")
 # Addresses under /teams/ that are pages, not teams.
 RESERVED_SLUGS = frozenset({"join"})
-# Last activity is for people to read ("today", "3 days ago"): a write a minute is plenty.
-ACTIVITY_RESOLUTION = timedelta(minutes=1)
 # The words every caller who is not a member gets, whether the team exists or not.
 NO_SUCH_TEAM = "You are in no team with that name."
 # The reason a leaver-policy erasure's receipts give (our words, not anyone's input).
@@ -181,12 +179,7 @@ def members_of(session: Session, team_id: int) -> list[TeamMember]:
 def touch(session: Session, team_id: int, user_id: int, *, now: datetime | None = None
           ) -> None:
     """Stamp a member's last activity in the team (at most once a minute)."""
-    now = _now(now)
-    session.execute(update(TeamMember).where(
-        TeamMember.team_id == team_id, TeamMember.user_id == user_id,
-        (TeamMember.last_active_at.is_(None))
-        | (TeamMember.last_active_at < now - ACTIVITY_RESOLUTION))
-        .values(last_active_at=now))
+    note_activity(session, team_id, user_id, now=_now(now))
 
 
 # -- what a caller may reach ----------------------------------------------------------------

@@ -277,3 +277,25 @@ def test_only_an_owner_withdraws_or_replaces_an_invitation_to_be_an_owner(db_ses
     assert db_session.get(TeamInvitation, invited.invitation.id).revoked_at is None
     assert teams.accept_invitation(db_session, invited.token, invitee,
                                    actor=Actor.of(invitee)).role == "owner"
+
+
+def test_saving_or_changing_team_memory_through_a_credential_is_activity(db_session):
+    """Last activity on the team page counts what a member does through the API, MCP or
+    the chat too, not only its pages; reading is not activity."""
+    lead, member = make_user(db_session), make_user(db_session)
+    team = make_team(db_session, lead, slug="pilot", members={member: "member"})
+    seat = teams.membership(db_session, team.id, member.id)
+    reach = reach_of(db_session, member.id)
+    saved = reached.save_for(db_session, reach, team="pilot", content="Heron ships Friday.",
+                             actor=Actor.of(member)).memory
+    db_session.refresh(seat)
+    first = seat.last_active_at
+    assert first is not None
+    seat.last_active_at = first - timedelta(hours=2)
+    db_session.flush()
+    reached.find_for(db_session, reach, saved.id, operation="get")
+    db_session.refresh(seat)
+    assert seat.last_active_at == first - timedelta(hours=2)  # a read leaves it
+    reached.find_for(db_session, reach, saved.id, operation="soft_delete")
+    db_session.refresh(seat)
+    assert seat.last_active_at > first - timedelta(hours=2)
