@@ -14,6 +14,32 @@
         link.setAttribute("aria-label", "About this column: " + link.getAttribute("title"));
       }
     });
+    // Its search box and row checkboxes are named by a placeholder or nothing at all.
+    var name = function (selector, words) {
+      document.querySelectorAll(selector).forEach(function (input) {
+        if (!input.labels.length && !input.getAttribute("aria-label")) {
+          input.setAttribute("aria-label", typeof words === "function" ? words(input) : words);
+        }
+      });
+    };
+    name("input[name=search]", function (input) {
+      return "Search" + (input.placeholder ? " by " + input.placeholder : "");
+    });
+    name("input[name=rowtoggle]", "Select every row");
+    name("input[name=rowid]", function (input) { return "Select row " + input.value; });
+    // On a phone a list's rows are cards (theme.css): each cell says its column.
+    document.querySelectorAll("table.model-list, .table-responsive > table").forEach(
+        function (table) {
+      var row = table.querySelector("thead tr:last-child");
+      var heads = row ? [].map.call(row.children, function (th) {
+        return th.innerText.split("\n")[0].trim();  // its first line: a matrix's label
+      }) : [];
+      table.querySelectorAll("tbody tr").forEach(function (row) {
+        [].forEach.call(row.children, function (cell, n) {
+          if (heads[n]) { cell.setAttribute("data-label", heads[n]); }
+        });
+      });
+    });
     document.querySelectorAll("[data-model-action]").forEach(function (element) {
       element.addEventListener("click", function (event) {
         event.preventDefault();
