@@ -15,6 +15,7 @@ from sqlalchemy import delete, select
 from dashboard.auth.models import User
 from dashboard.teams.models import Team
 from tests.browser.axe import axe_source, violations
+from tests.browser.checks import FITS, UNLABELLED
 from tests.browser.conftest import Page, chromium, screenshots_folder
 from tests.conftest import IN_CI
 
@@ -26,15 +27,6 @@ from selenium.webdriver.support.ui import Select  # noqa: E402
 pytestmark = pytest.mark.processes  # real processes or servers: slow
 
 WINDOWS = {"desktop": (1280, 900), "phone": (390, 844)}
-# Every visible form control, and whether something names it: a <label> of its own, or
-# aria-label / aria-labelledby (a hidden input needs none).
-UNLABELLED = """
-return [...document.querySelectorAll('main input, main select, main textarea')]
-  .filter(e => e.type !== 'hidden')
-  .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
-               && !e.getAttribute('aria-labelledby'))
-  .map(e => e.outerHTML.slice(0, 120));"""
-FITS = "return document.documentElement.scrollWidth <= window.innerWidth;"
 
 
 @pytest.fixture(scope="module")
