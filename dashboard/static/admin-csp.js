@@ -14,10 +14,27 @@
         link.setAttribute("aria-label", "About this column: " + link.getAttribute("title"));
       }
     });
+    document.querySelectorAll("[data-model-action]").forEach(function (element) {
+      element.addEventListener("click", function (event) {
+        event.preventDefault();
+        if (window.modelActions) {
+          window.modelActions.execute(element.getAttribute("data-model-action"));
+        }
+      });
+    });
+    // Capture phase: Flask-Admin's dropdown script stops the toggles' clicks from
+    // bubbling, so a bubbling listener would never see them.
+    document.addEventListener("click", function (event) {
+      var link = event.target.closest && event.target.closest('a[href^="javascript:"]');
+      if (link) {
+        event.preventDefault();
+      }
+    }, true);
     // Its search box and row checkboxes are named by a placeholder or nothing at all.
     var name = function (selector, words) {
       document.querySelectorAll(selector).forEach(function (input) {
-        if (!input.labels.length && !input.getAttribute("aria-label")) {
+        if (input.type !== "hidden" && !(input.labels && input.labels.length) &&
+            !input.getAttribute("aria-label")) {
           input.setAttribute("aria-label", typeof words === "function" ? words(input) : words);
         }
       });
@@ -40,22 +57,6 @@
         });
       });
     });
-    document.querySelectorAll("[data-model-action]").forEach(function (element) {
-      element.addEventListener("click", function (event) {
-        event.preventDefault();
-        if (window.modelActions) {
-          window.modelActions.execute(element.getAttribute("data-model-action"));
-        }
-      });
-    });
-    // Capture phase: Flask-Admin's dropdown script stops the toggles' clicks from
-    // bubbling, so a bubbling listener would never see them.
-    document.addEventListener("click", function (event) {
-      var link = event.target.closest && event.target.closest('a[href^="javascript:"]');
-      if (link) {
-        event.preventDefault();
-      }
-    }, true);
   }
 
   if (document.readyState === "loading") {
