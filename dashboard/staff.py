@@ -19,6 +19,7 @@ from flask_admin.model.base import ViewArgs
 from flask_login import current_user
 from flask_wtf import FlaskForm
 from flask_wtf.form import _Auto
+from jinja2 import pass_context
 from markupsafe import Markup
 from sqlalchemy import BigInteger, Integer
 from sqlalchemy import inspect as sa_inspect
@@ -122,6 +123,29 @@ def moment_cell(view: Any, value: datetime, name: str) -> Markup:
         exact, exact, utc_text(value))
 
 
+# A value with an unbroken run longer than this (an email, a UUID, a hash, a dotted code)
+# is cut short in a list, so that the list fits the screen with every word whole.
+LONG_RUN = 20
+_RUN = re.compile(rf"[^\s]{{{LONG_RUN + 1},}}")
+
+
+def abbreviated(text: str) -> Markup:
+    """``text`` cut short by the stylesheet (``.op-trunc``: an ellipsis), the whole of it
+    one hover away (``title``) and in the page itself: selected and copied whole, read
+    whole by a screen reader, found by the browser's search."""
+    return Markup('<span class="op-trunc" title="{}">{}</span>').format(text, text)
+
+
+def list_cell(value: Any) -> Any:
+    """A list's plain text value, abbreviated when a run of it would widen its column
+    past the screen; anything else (numbers, the formatters' markup) as it is."""
+    if isinstance(value, uuid.UUID):
+        value = str(value)
+    if isinstance(value, str) and not isinstance(value, Markup) and _RUN.search(value):
+        return abbreviated(value)
+    return value
+
+
 class StaffModelView(RoleGate, ModelView):
     form_base_class = StaffForm
     column_type_formatters = {**typefmt.BASE_FORMATTERS, datetime: moment_cell}
@@ -133,6 +157,10 @@ class StaffModelView(RoleGate, ModelView):
     page_size = 50
     can_view_details = True
     can_export = False
+
+    @pass_context
+    def get_list_value(self, context: Any, model: Any, name: str) -> Any:
+        return list_cell(super().get_list_value(context, model, name))
 
     def get_one(self, id: Any) -> Any:
         key = parse_key(self.model, id)

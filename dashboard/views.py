@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, jsonify, render_template
+from flask import Blueprint, jsonify, redirect, render_template, request, url_for
 from flask_login import current_user
 from sqlalchemy import text
 
 from dashboard.extensions import db
+from dashboard.forms import same_site_path
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.web import resolution_of
 from dashboard.queues import redis_client
@@ -25,6 +26,16 @@ def index():
     resolution = resolution_of(current_user)
     rows = [(source, state_sentence(source, resolution)) for source in resolution.sources]
     return render_template("index.html", resolution=resolution, rows=rows)
+
+
+@bp.route("/signin")
+@bp.route("/login")
+def signin_elsewhere():
+    """The addresses people type for signing in: a 302 to the sign-in page (temporary, so
+    no browser keeps it should either address become a page), with ``next`` kept when it
+    is a path on this site (never an open redirect)."""
+    return redirect(url_for("auth.signin", next=same_site_path(request.args.get("next"))),
+                    302)
 
 
 def _check(probe) -> str:

@@ -38,7 +38,7 @@ from dashboard.plans.impact import count_active_users_by_plan
 from dashboard.plans.models import Plan
 from dashboard.plans.services import SourceState, UserPlan, effective_plan_id, resolve_sources
 from dashboard.sources import get_source
-from dashboard.staff import AdminOnlyView, CodeEquals, ReadOnlyView
+from dashboard.staff import AdminOnlyView, CodeEquals, ReadOnlyView, abbreviated
 
 
 def _page_cache() -> dict[str, Any]:
@@ -353,7 +353,7 @@ def _duration(view: Any, context: Any, build: Any, name: str) -> str:
 
 def _build_user(view: Any, context: Any, build: Any, name: str) -> Any:
     return Markup('<a href="{}">{}</a>').format(
-        url_for("support.trace", user_id=build.user_id), build.user.email)
+        url_for("support.trace", user_id=build.user_id), abbreviated(build.user.email))
 
 
 def _resolution_table(view: Any, context: Any, build: Any, name: str) -> Any:

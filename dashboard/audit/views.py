@@ -20,7 +20,7 @@ from dashboard.audit.actions import ACTIONS, MODES
 from dashboard.audit.models import AuditEvent
 from dashboard.extensions import db
 from dashboard.ids import INT8_MAX, parse_int
-from dashboard.staff import CodeEquals, ReadOnlyView, utc_text
+from dashboard.staff import LONG_RUN, CodeEquals, ReadOnlyView, abbreviated, utc_text
 
 PAGE_SIZE = 50
 # One export is a bounded read held in memory as ORM rows; an older slice is exported
@@ -124,6 +124,13 @@ def _json(value: Any) -> str:
                       default=str)
 
 
+def _spaced(value: Any) -> str:
+    """JSON as the list shows it: with a space after each comma and colon, so that a long
+    value wraps between its parts rather than inside a word."""
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "),
+                      default=str)
+
+
 def _short(text: str, limit: int = _LIST_VALUE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -133,27 +140,35 @@ def details_summary(details: Any) -> list[str]:
     ``key: value`` for the other keys. JSON spelling keeps null, numbers and strings
     apart (``"3"`` is not ``3``)."""
     if not isinstance(details, dict) or not details:
-        return [] if details in (None, {}) else [_short(_json(details))]
+        return [] if details in (None, {}) else [_short(_spaced(details))]
     lines = []
     before, after = details.get("before"), details.get("after")
     if isinstance(before, dict) or isinstance(after, dict):
         before = before if isinstance(before, dict) else {}
         after = after if isinstance(after, dict) else {}
         for key in dict.fromkeys([*before, *after]):
-            old = _short(_json(before[key])) if key in before else "—"
-            new = _short(_json(after[key])) if key in after else "—"
+            old = _short(_spaced(before[key])) if key in before else "—"
+            new = _short(_spaced(after[key])) if key in after else "—"
             lines.append(f"{key}: {old} → {new}")
     elif "before" in details or "after" in details:
-        lines.append(f"{_short(_json(before))} → {_short(_json(after))}")
+        lines.append(f"{_short(_spaced(before))} → {_short(_spaced(after))}")
     for key, value in details.items():
         if key not in ("before", "after"):
-            lines.append(f"{key}: {_short(_json(value))}")
+            lines.append(f"{key}: {_short(_spaced(value))}")
     return lines
+
+
+def _words(line: str) -> Markup:
+    """A line's words, a long one (an id, a dotted code) cut short with its whole on
+    hover: the column stays narrow and breaks no word."""
+    return Markup(" ").join(abbreviated(word) if len(word) > LONG_RUN else word
+                            for word in line.split(" "))
 
 
 def _details_list(view: Any, context: Any, model: AuditEvent, name: str) -> Markup:
     lines = details_summary(model.details)
-    return Markup("<br>").join(Markup("<code>{}</code>").format(line) for line in lines)
+    return Markup("<br>").join(Markup("<code>{}</code>").format(_words(line))
+                               for line in lines)
 
 
 def _details_full(view: Any, context: Any, model: AuditEvent, name: str) -> Markup:
@@ -180,7 +195,7 @@ def _actor(view: Any, context: Any, model: AuditEvent, name: str) -> Any:
         if email:
             return Markup('<a href="{}" title="{}">{}</a>').format(
                 url_for("support.trace", user_id=int(model.actor_id)),
-                _pair(model.actor_type, model.actor_id), email)
+                _pair(model.actor_type, model.actor_id), abbreviated(email))
     return _pair(model.actor_type, model.actor_id)
 
 

@@ -22,14 +22,21 @@ MAX_PAGE = 10_000
 # What the eye says, in the partial, in JSON answers and in flash messages alike.
 READS_LABEL = "AI reads this"
 EXCLUDED_LABEL = "Excluded from AI memory"
+# A Blink its owner left in, on a plan whose resolution leaves Blinks out (switched off,
+# or past the cap): the AI does not read it, whatever the switch says.
+PLAN_LEAVES_OUT_LABEL = "Not remembered on your plan"
 
 
 class BlinkError(FieldError):
     """A Blink refused, with the form field it is about."""
 
 
-def memory_label(excluded: bool) -> str:
-    return EXCLUDED_LABEL if excluded else READS_LABEL
+def memory_label(excluded: bool, plan_reads: bool = True) -> str:
+    """The eye's words: the person's choice first, then what the plan's resolution
+    (``plans.services.resolve_build_sources``, as Memory Status shows it) allows."""
+    if excluded:
+        return EXCLUDED_LABEL
+    return READS_LABEL if plan_reads else PLAN_LEAVES_OUT_LABEL
 
 
 def _clean(title: str, content: str) -> tuple[str, str]:

@@ -29,9 +29,17 @@ BAD_EXCLUDED = "The field excluded must be 1 (exclude from AI memory) or 0 (let 
 
 
 @bp.app_template_global("blink_memory_label")
-def blink_memory_label(excluded: bool) -> str:
+def blink_memory_label(excluded: bool, plan_reads: bool = True) -> str:
     """The eye's words, for the partial wherever it is included."""
-    return services.memory_label(bool(excluded))
+    return services.memory_label(bool(excluded), plan_reads)
+
+
+@bp.app_template_global("blinks_on_plan")
+def blinks_on_plan() -> tuple[bool, str]:
+    """Whether the person's plan remembers Blinks, and the sentence Memory Status gives
+    for it: the request's one resolution (no query once the page read the plan)."""
+    source, sentence = sentence_for(current_user, BLINKS)
+    return source.remembered, sentence
 
 
 class BlinkForm(FlaskForm):
@@ -124,11 +132,14 @@ def toggle_memory():
             return problem(exc.code, exc.name, exc.description)
         raise
     services.set_excluded(db.session, blink, excluded)
+    plan_reads, sentence = blinks_on_plan()
     # Read before the commit expires the row (a refresh would be one more query).
     result = {"blink_id": blink.id, "excluded_from_memory": blink.excluded_from_memory,
-              "label": services.memory_label(blink.excluded_from_memory)}
+              "read": plan_reads and not blink.excluded_from_memory,
+              "label": services.memory_label(blink.excluded_from_memory, plan_reads)}
     db.session.commit()
     if as_json:
         return jsonify(result)
-    flash(f"{result['label']}: this takes effect at your next memory update.", "success")
+    flash(f"{result['label']}: this takes effect at your next memory update." if plan_reads
+          else f"Your choice is kept. {sentence}", "success")
     return redirect(_safe_next(request.form.get("next")))

@@ -460,19 +460,85 @@ def _status_rows(session: Session, user: User) -> list[dict[str, Any]]:
             for s in resolution.sources]
 
 
-def _cell(value: Any) -> str:
-    if value is None:
+# -- the report: a statement a person keeps, readable on a phone -------------------------------
+
+# A column's name in words where the plain rule ("last_used_at" → "Last used") reads badly.
+_COLUMN_WORDS = {"id": "Id", "seq": "Number", "grant_id": "Connection id",
+                 "marker_id": "Receipt id", "metadata": "Details", "app": "App",
+                 "team": "Team", "team_name": "Team name", "mode": "Mode",
+                 "keep_days": "Days kept"}
+
+
+def column_words(name: str) -> str:
+    """A column's name as a heading: "created_at" → "Created", "reply_to_id" → "Reply
+    to id", "excluded_from_memory" → "Excluded from memory"."""
+    if name in _COLUMN_WORDS:
+        return _COLUMN_WORDS[name]
+    words = name.removesuffix("_at").replace("_", " ")
+    return words[:1].upper() + words[1:]
+
+
+def date_in_words(value: str | datetime) -> str:
+    """A moment as a person writes it: "4 December 2026 at 11:40 UTC"."""
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    moment = moment.astimezone(UTC)
+    return f"{moment.day} {moment:%B %Y} at {moment:%H:%M} UTC"
+
+
+def _is_date(kind: dict[str, Any]) -> bool:
+    return kind.get("format") == "date-time"
+
+
+def _cell(value: Any, kind: dict[str, Any] | None = None) -> str:
+    """One value in words: a date as a date, yes or no, a list as a list, the rest as
+    written (escaped); nothing is a dash."""
+    if value is None or value == [] or value == {}:
         return '<span class="none">—</span>'
+    if isinstance(value, bool):
+        return "Yes" if value else "No"
+    if kind is not None and _is_date(kind) and isinstance(value, str):
+        try:
+            words = date_in_words(value)
+        except ValueError:  # not a date after all: shown as it is
+            return str(escape(value))
+        return f'<time datetime="{escape(value)}">{escape(words)}</time>'
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return str(escape(", ".join(value)))
     if isinstance(value, dict | list):
-        value = json.dumps(value, ensure_ascii=False)
+        return f"<code>{escape(json.dumps(value, ensure_ascii=False))}</code>"
     return str(escape(str(value)))
 
 
-_STYLE = ("body{font-family:system-ui,sans-serif;margin:2rem;max-width:80rem}"
-          "table{border-collapse:collapse;width:100%;margin-bottom:2rem;font-size:.9rem}"
-          "th,td{border:1px solid #ccc;padding:.3rem .5rem;text-align:left;"
-          "vertical-align:top;white-space:pre-wrap;overflow-wrap:anywhere}"
-          "th{background:#f3f3f3}.none{color:#888}")
+# Phone first: under 48rem each row is a card of "heading, value" pairs (the headings a
+# screen reader reads from the table's own <th>s), so no table is wider than the screen.
+_STYLE = ("body{font-family:system-ui,sans-serif;margin:0 auto;padding:1rem;max-width:64rem;"
+          "line-height:1.45;color:#222}"
+          "h1{font-size:1.5rem;overflow-wrap:anywhere}"
+          "h2{font-size:1.2rem;margin-top:2.5rem;padding-bottom:.2rem;"
+          "border-bottom:1px solid #ccc}"
+          "table{border-collapse:collapse;width:100%;font-size:.9rem}"
+          ".rows{overflow-x:auto;margin-bottom:1rem}"
+          "th,td{border:1px solid #ccc;padding:.3rem .5rem;text-align:left;vertical-align:top;"
+          "overflow-wrap:break-word}"
+          "td{white-space:pre-wrap}th{background:#f3f3f3}.none{color:#666}"
+          "code{font-size:.85em;white-space:pre-wrap;overflow-wrap:anywhere}"
+          ".status li{margin-bottom:.4rem}.count{color:#555;font-size:.9rem}"
+          "@media (max-width:48rem){"
+          ".rows table,.rows tbody,.rows tr,.rows th,.rows td{display:block;width:auto}"
+          ".rows thead{position:absolute;width:1px;height:1px;overflow:hidden;"
+          "clip:rect(0 0 0 0)}"
+          ".rows tr{border:1px solid #ccc;border-radius:.3rem;margin-bottom:.75rem}"
+          ".rows td{border:0;border-top:1px solid #eee;overflow-wrap:anywhere}"
+          ".rows tr td:first-child{border-top:0}"
+          ".rows td::before{content:attr(data-label);display:block;font-weight:600;"
+          "font-size:.8rem;color:#555;white-space:normal}}")
+
+
+MEMORY_STATUS_TITLE = "What is remembered, and why"
+
+
+def _kinds(section: Section) -> dict[str, dict[str, Any]]:
+    return {c.key: _type_of(c) for c in section.columns}
 
 
 class _Writer:
@@ -486,33 +552,48 @@ class _Writer:
                         + json.dumps(value, ensure_ascii=False))
         self.first_key = False
 
-    def rows(self, section: Section, rows: Iterator[dict[str, Any]]) -> int:
+    def rows(self, section: Section | TeamSection, rows: Iterator[dict[str, Any]],
+             kinds: dict[str, dict[str, Any]]) -> int:
         self.json.write("," + json.dumps(section.name) + ":[")
         self.html.write(f'<section id="{section.name}"><h2>{escape(section.title)}</h2>'
                         f"<p>{escape(section.description)}</p>")
         count = 0
+        labels: list[str] = []
         for row in rows:
             if count == 0:
-                self.html.write("<table><tr>" + "".join(
-                    f"<th>{escape(name)}</th>" for name in row) + "</tr>")
+                labels = [str(escape(column_words(name))) for name in row]
+                self.html.write('<div class="rows"><table><thead><tr>' + "".join(
+                    f'<th scope="col">{label}</th>' for label in labels)
+                    + "</tr></thead><tbody>")
             self.json.write(("," if count else "") + json.dumps(row, ensure_ascii=False))
-            self.html.write("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row.values())
-                            + "</tr>")
+            self.html.write("<tr>" + "".join(
+                f'<td data-label="{label}">{_cell(value, kinds.get(name))}</td>'
+                for label, (name, value) in zip(labels, row.items(), strict=True))
+                + "</tr>")
             count += 1
         self.json.write("]")
-        self.html.write("</table></section>" if count else "<p>None.</p></section>")
+        self.html.write(f'</tbody></table></div><p class="count">{count} in all.</p>'
+                        "</section>" if count else "<p>None.</p></section>")
         return count
 
 
-
 def _head(writer: _Writer, title: str, generated: str, json_name: str, schema_name: str,
-          status: list[dict[str, Any]]) -> None:
+          status: list[dict[str, Any]], contents: list[tuple[str, str]]) -> None:
+    """The title, when it was made, what else the zip holds, the contents, and what is
+    remembered and why (the Memory Status page's sentences)."""
     writer.html.write(
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}'
-        f"</title><style>{_STYLE}</style></head><body><h1>{escape(title)}</h1>"
-        f"<p>Made {escape(generated)}. The same data, machine-readable, is in "
-        f"{json_name} (described by {schema_name}).</p>"
-        '<section id="memory_status"><h2>What is remembered, and why</h2><ul>'
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>{escape(title)}</h1>"
+        f'<p>Made on <time datetime="{escape(generated)}">{date_in_words(generated)}</time>. '
+        f"The same data, for a program to read, is in {json_name} beside this file "
+        f"(described by {schema_name}).</p>"
+        '<nav aria-labelledby="contents"><h2 id="contents">Contents</h2><ol>'
+        + "".join(f'<li><a href="#{name}">{escape(heading)}</a></li>'
+                  for name, heading in contents)
+        + f'</ol></nav><section id="memory_status"><h2>{MEMORY_STATUS_TITLE}</h2>'
+        '<ul class="status">'
         + "".join(f"<li><strong>{escape(s['label'])}</strong>: {escape(s['sentence'])}"
                   "</li>" for s in status) + "</ul></section>")
 
@@ -533,11 +614,13 @@ def write_person(session: Session, json_out: IO[str], html_out: IO[str], user: U
     status = _status_rows(session, user)
     writer.key("memory_status", status)
     _head(writer, f"Everything OrbitPilot holds about {user.email}", generated, JSON_NAME,
-          SCHEMA_NAME, status)
+          SCHEMA_NAME, status, [("memory_status", MEMORY_STATUS_TITLE),
+                                *((s.name, s.title) for s in SECTIONS)])
     counts = {}
     for n, section in enumerate(SECTIONS):
         progress(5 + 85 * n // len(SECTIONS), section.name)
-        counts[section.name] = writer.rows(section, _rows(session, section, user.id))
+        counts[section.name] = writer.rows(section, _rows(session, section, user.id),
+                                           _kinds(section))
     writer.json.write("}")
     html_out.write("</body></html>")
     return counts
@@ -565,14 +648,19 @@ def write_team(session: Session, json_out: IO[str], html_out: IO[str], account: 
     status = _status_rows(session, account)
     writer.key("memory_status", status)
     _head(writer, f"Everything OrbitPilot holds about the team {team.name} ({team.slug})",
-          generated, TEAM_JSON_NAME, TEAM_SCHEMA_NAME, status)
-    html_out.write('<section id="policies"><h2>Policies</h2><table>' + "".join(
-        f"<tr><th>{escape(name)}</th><td>{_cell(value)}</td></tr>"
-        for name, value in policies.items()) + "</table></section>")
+          generated, TEAM_JSON_NAME, TEAM_SCHEMA_NAME, status,
+          [("memory_status", MEMORY_STATUS_TITLE), ("policies", "Policies"),
+           *((s.name, s.title) for s in TEAM_SECTIONS)])
+    html_out.write('<section id="policies"><h2>Policies</h2><div class="rows"><table><tbody>'
+                   + "".join(f'<tr><th scope="row">{escape(column_words(name))}</th>'
+                             f"<td>{_cell(value)}</td></tr>"
+                             for name, value in policies.items())
+                   + "</tbody></table></div></section>")
     counts = {}
     for n, section in enumerate(TEAM_SECTIONS):
         progress(5 + 85 * n // len(TEAM_SECTIONS), section.name)
-        counts[section.name] = writer.rows(section, section.rows(session, team))
+        counts[section.name] = writer.rows(section, section.rows(session, team),
+                                           section.properties)
     writer.json.write("}")
     html_out.write("</body></html>")
     return counts

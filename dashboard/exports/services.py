@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import shutil
 import tempfile
 import uuid
@@ -66,6 +67,30 @@ class ExportGone(Gone):
     """Its 24 hours are over and its copy is deleted."""
 
 
+class ExportTooSoon(TooSoon):
+    """Asked again within the interval: the sentence says when, in words, and
+    ``latest_id`` names the export asked for last (ready to download, as a rule), so
+    the page can lead to it."""
+
+    def __init__(self, sentence: str, retry_after: int, latest_id: int) -> None:
+        super().__init__(sentence, retry_after)
+        self.latest_id = latest_id
+
+
+def _minutes(minutes: int) -> str:
+    return f"{minutes} minute{'' if minutes == 1 else 's'}"
+
+
+def ago_in_words(seconds: float) -> str:
+    """``seconds`` ago, as a person says it: "less than a minute ago", "1 minute ago"."""
+    return "less than a minute ago" if seconds < 60 else f"{_minutes(int(seconds // 60))} ago"
+
+
+def wait_in_words(seconds: float) -> str:
+    """A wait of ``seconds``, rounded up to the minute: "in 1 minute", "in 10 minutes"."""
+    return f"in {_minutes(max(1, math.ceil(seconds / 60)))}"
+
+
 def export_job_id(export_id: int) -> str:
     return f"export-{export_id}"
 
@@ -93,8 +118,9 @@ def request_export(session: Session, user: Any, *, interval: int,
             left = int(interval - waited) + 1
             asked = "You asked for an export" if actor is None else \
                 "An export of this team was asked for"
-            raise TooSoon(f"{asked} {int(waited // 60)} minute(s) ago; you can ask for a "
-                          f"new one in {max(1, left // 60)} minute(s).", left)
+            raise ExportTooSoon(f"{asked} {ago_in_words(max(0.0, waited))}; you can ask for "
+                                f"a new one {wait_in_words(interval - waited)}.", left,
+                                latest.id)
     # A first export asked twice at once: neither saw a row to lock, so the one-in-the-
     # making index decides. The second insert waits for the first transaction, then does
     # nothing, and joins the export the first one made (never an IntegrityError).

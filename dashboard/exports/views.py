@@ -26,6 +26,7 @@ from dashboard.errors import refusal_status
 from dashboard.exports.services import (
     ExportGone,
     ExportNotFound,
+    ExportTooSoon,
     erase_team_contributions,
     erasure_receipts_of,
     export_parts,
@@ -51,9 +52,14 @@ def ask() -> Any:
     try:
         export, new = request_export(db.session, current_user,
                                      interval=current_app.config["EXPORT_INTERVAL_SECONDS"])
-    except TooSoon as exc:
-        flash(exc.sentence, "warning")
-        return redirect(url_for("memory.status"), 303)
+    except ExportTooSoon as exc:
+        # To the export asked for last: ready, it is one click away (else its page says
+        # what became of it).
+        latest = find_export(db.session, current_user.id, str(exc.latest_id))
+        ready = _state(latest) == "ready"
+        flash(("Your last export is ready: download it below. " if ready else "")
+              + exc.sentence, "info" if ready else "warning")
+        return redirect(url_for("exports.show", export_id=latest.id), 303)
     db.session.commit()
     if not new:
         flash("An export is already being prepared: this is it.", "info")

@@ -112,6 +112,13 @@ class ChatMemory:
         return None if self.remembered else self.text
 
 
+def honesty_about() -> str:
+    """What the honesty note is about, named before its sentence: the sentence alone
+    ("Not remembered on the Free plan: your plan includes 3 sources, and …") never says
+    it is chat history that is left out."""
+    return get_source(CHAT_HISTORY).label
+
+
 GUEST_CHAT_MEMORY = ChatMemory(GUEST_INVITATION, remembered=False, guest=True)
 
 

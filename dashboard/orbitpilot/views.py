@@ -144,6 +144,7 @@ def _register_labels(state: Any) -> None:
         ORBITPILOT_NOT_REMEMBERED=services.NOT_REMEMBERED_LABEL,
         ORBITPILOT_REMEMBERED=services.REMEMBERED_LABEL,
         orbitpilot_drew_on_links=drew_on_links,
+        orbitpilot_note_about=services.honesty_about,
     )
 
 

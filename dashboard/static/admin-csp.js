@@ -30,6 +30,33 @@
         event.preventDefault();
       }
     }, true);
+    // Its search box and row checkboxes are named by a placeholder or nothing at all.
+    var name = function (selector, words) {
+      document.querySelectorAll(selector).forEach(function (input) {
+        if (input.type !== "hidden" && !(input.labels && input.labels.length) &&
+            !input.getAttribute("aria-label")) {
+          input.setAttribute("aria-label", typeof words === "function" ? words(input) : words);
+        }
+      });
+    };
+    name("input[name=search]", function (input) {
+      return "Search" + (input.placeholder ? " by " + input.placeholder : "");
+    });
+    name("input[name=rowtoggle]", "Select every row");
+    name("input[name=rowid]", function (input) { return "Select row " + input.value; });
+    // On a phone a list's rows are cards (theme.css): each cell says its column.
+    document.querySelectorAll("table.model-list, .table-responsive > table").forEach(
+        function (table) {
+      var row = table.querySelector("thead tr:last-child");
+      var heads = row ? [].map.call(row.children, function (th) {
+        return th.innerText.split("\n")[0].trim();  // its first line: a matrix's label
+      }) : [];
+      table.querySelectorAll("tbody tr").forEach(function (row) {
+        [].forEach.call(row.children, function (cell, n) {
+          if (heads[n]) { cell.setAttribute("data-label", heads[n]); }
+        });
+      });
+    });
   }
 
   if (document.readyState === "loading") {

@@ -148,3 +148,31 @@ def test_staff_pages_need_the_role(client, db_session, auth):
     auth.login("admin@example.test")
     assert client.get("/admin/plan/").status_code == 200
     assert client.get("/admin/user/").status_code == 200
+
+
+@pytest.mark.parametrize("typed", ["/signin", "/login"])
+def test_the_addresses_people_type_redirect_to_the_sign_in_page(client, typed):
+    answer = client.get(typed)
+    assert answer.status_code == 302
+    assert answer.headers["Location"] == "/auth/signin"
+
+
+@pytest.mark.parametrize("typed", ["/signin", "/login"])
+def test_a_typed_sign_in_address_keeps_a_local_next(client, typed):
+    from urllib.parse import parse_qs, urlsplit
+
+    answer = client.get(f"{typed}?next=/memory/status%3Ftab%3D1")
+    assert answer.status_code == 302
+    location = urlsplit(answer.headers["Location"])
+    assert location.path == "/auth/signin"
+    assert parse_qs(location.query) == {"next": ["/memory/status?tab=1"]}
+
+
+@pytest.mark.parametrize("target", ["https://evil.example/x", "//evil.example/x",
+                                    "/\\evil.example"])
+def test_a_typed_sign_in_address_drops_an_offsite_next(client, target):
+    from urllib.parse import quote
+
+    answer = client.get(f"/signin?next={quote(target, safe='')}")
+    assert answer.status_code == 302
+    assert answer.headers["Location"] == "/auth/signin"

@@ -236,14 +236,14 @@ def test_the_eye_as_json_flips_and_answers_the_new_state(client, db_session, use
     response = toggle(client, blink.id, format="json")
     assert response.status_code == 200
     assert response.get_json() == {"blink_id": blink.id, "excluded_from_memory": True,
-                                   "label": EXCLUDED_LABEL}
+                                   "read": False, "label": EXCLUDED_LABEL}
     assert fresh(db_session, blink.id).excluded_from_memory is True
     assert queued_triggers(db_session, user) == ["content_change"]
 
     settle(db_session)
     response = toggle(client, blink.id, format="json")
     assert response.get_json() == {"blink_id": blink.id, "excluded_from_memory": False,
-                                   "label": READS_LABEL}
+                                   "read": True, "label": READS_LABEL}
     assert queued_triggers(db_session, user) == ["content_change"]
 
 
@@ -357,11 +357,13 @@ def test_markup_in_a_blink_is_shown_as_text_everywhere(client, db_session, user)
 
 def test_the_partial_renders_both_states(app, db_session):
     from flask import render_template
+    from flask_login import login_user
 
     user = make_user(db_session)
     reads = blink_of(db_session, user)
     excluded = blink_of(db_session, user, excluded=True)
     with app.test_request_context("/blinks/"):
+        login_user(user)  # the eye reads the person's plan (Free: Blinks remembered)
         shown = render_template("blink/_memory_status.html", blink=reads)
         hidden = render_template("blink/_memory_status.html", blink=excluded)
     assert 'class="bi bi-eye"' in shown and READS_LABEL in shown
@@ -370,6 +372,52 @@ def test_the_partial_renders_both_states(app, db_session):
     assert 'name="excluded" value="0"' in hidden
     for html in (shown, hidden):
         assert 'action="/blinks/remember/"' in html and "onclick" not in html
+
+
+# -- the eye tells what the plan's resolution tells ---------------------------------------
+
+PLAN_CASES = {
+    # how the plan treats Blinks: (the plan, or None for the default Free; whether read)
+    "free-includes-blinks": (None, True),
+    "switched-off-by-an-admin": ({"assignments": {BLINKS: False}, "cap": 3}, False),
+    "past-the-cap": ({"cap": 1}, False),
+}
+
+
+@pytest.mark.parametrize("case", list(PLAN_CASES))
+def test_the_blink_eye_agrees_with_memory_status_for_the_plan(client, db_session, auth,
+                                                              case):
+    """The Team plan's kind of resolution (Blinks off) and a cap that leaves them out both
+    say "not remembered" on the eye of a Blink its owner left in, with the bi-eye-slash
+    icon and Memory Status's sentence; a plan that includes Blinks says "AI reads this"."""
+    plan_args, read = PLAN_CASES[case]
+    plan = make_plan(db_session, **plan_args) if plan_args else None
+    user = make_user(db_session, plan=plan)
+    blink = blink_of(db_session, user)
+    auth.login(user.email)
+    resolution = resolve_sources(get_plan_for_user(user, db_session))
+    source = resolution.get(BLINKS)
+    assert source.remembered is read  # the case is what its name says
+    status = client.get("/memory/status").get_data(as_text=True)
+    assert f'<tr data-source="{BLINKS}" data-state="{source.state.value}"' in status
+    shown = card(client.get(INDEX).get_data(as_text=True), blink.id)
+    assert f'data-read="{"true" if read else "false"}"' in shown
+    if read:
+        assert 'class="bi bi-eye"' in shown and READS_LABEL in shown
+    else:
+        assert 'class="bi bi-eye-slash"' in shown and READS_LABEL not in shown
+        assert services.PLAN_LEAVES_OUT_LABEL in shown
+        assert f'title="{state_sentence(source, resolution)}"' in shown
+    edit = client.get(f"{EDIT}?id={blink.id}").get_data(as_text=True)
+    assert (READS_LABEL in edit) is read
+    # The JSON answer of the switch says the same: excluded, then back in.
+    for excluded in (True, False):
+        answer = toggle(client, blink.id, format="json", excluded="1" if excluded else "0")
+        assert answer.get_json() == {
+            "blink_id": blink.id, "excluded_from_memory": excluded,
+            "read": read and not excluded,
+            "label": services.memory_label(excluded, read)}
+    assert services.memory_label(False, False) == services.PLAN_LEAVES_OUT_LABEL
 
 
 # -- services -------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import tempfile
 from functools import cache
 from pathlib import Path
 
+from tests.browser.checks import FITS, UNLABELLED
+
 AXE_VERSION = "4.14.1"
 WCAG_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 
@@ -49,17 +51,6 @@ def violations(driver) -> list[dict]:
         ".catch(e => done([{id: 'axe-error', impact: 'critical', nodes: [String(e)]}]));",
         WCAG_AA)
     return found
-
-
-# Every visible form control, and whether something names it: a <label> of its own, or
-# aria-label / aria-labelledby (a hidden input needs none).
-UNLABELLED = """
-return [...document.querySelectorAll('main input, main select, main textarea')]
-  .filter(e => e.type !== 'hidden')
-  .filter(e => !(e.labels && e.labels.length) && !e.getAttribute('aria-label')
-               && !e.getAttribute('aria-labelledby'))
-  .map(e => e.outerHTML.slice(0, 120));"""
-FITS = "return document.documentElement.scrollWidth <= window.innerWidth;"
 
 
 def checked(driver, found: dict, name: str) -> None:

@@ -104,6 +104,8 @@ def test_on_a_phone_every_box_fits_and_a_label_ticks_its_box(page, base_url, per
     page.driver.set_window_size(390, 844)
     try:
         page.sign_in(person.email)
+        # The dock as a person left it closed on the pages before (it remembers).
+        page.driver.execute_script("window.localStorage.setItem('orbitpilot.dock.open', '0')")
         open_consent(page, base_url, client_id, challenge)
         assert page.driver.execute_script(
             "return document.documentElement.scrollWidth <= window.innerWidth")
@@ -117,6 +119,16 @@ def test_on_a_phone_every_box_fits_and_a_label_ticks_its_box(page, base_url, per
         page.screenshot("consent-phone.png")
         page.click("label[for=scope-2]")  # the words untick "save new memories"
         assert not page.find("#scope-2").is_selected()
+        # No chat dock over the answer (closed or open, it is not on this page), and
+        # nothing else over Allow: the point at its middle is Allow itself.
+        assert page.driver.find_elements(By.CSS_SELECTOR, ".op-dock") == []
+        allow = page.find("#consent button[value=allow]")
+        page.driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", allow)
+        assert page.driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect();"
+            "const hit = document.elementFromPoint(r.left + r.width / 2, r.top + r.height / 2);"
+            "return [r.bottom <= window.innerHeight, r.right <= window.innerWidth,"
+            " hit === arguments[0] || arguments[0].contains(hit)];", allow) == [True] * 3
         page.click("#consent button[value=allow]")
         params = returned(page)
     finally:

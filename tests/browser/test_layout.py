@@ -1,14 +1,23 @@
 """The user pages on a phone (390×844) and a desktop (1280×900), in headless Chromium: the
 menu folds under a button on a phone and every entry is reachable; the chat dock never
 covers a page's last control (Selenium's own click, which fails on a covered element);
-on a phone the open dock takes the screen."""
+on a phone the open dock takes the screen; the export's report reads on a phone."""
 
 from __future__ import annotations
 
+import re
+import zipfile
+from io import BytesIO
+
 import pytest
 
+from dashboard.exports.models import DataExport
+from dashboard.exports.sections import MEMORY_STATUS_TITLE, REPORT_NAME, SECTIONS
+from dashboard.exports.services import build_export, export_parts
+from dashboard.plans.sentences import state_sentence
+from dashboard.plans.services import get_plan_for_user, resolve_sources
 from tests.browser.conftest import pages_of
-from tests.factories import make_blink
+from tests.factories import make_blink, make_memory
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -281,3 +290,48 @@ def test_a_new_keys_copy_button_copies_it(page, sized, reader):
         "const done = arguments[0]; navigator.clipboard.readText().then(done, e => done(''));")
     assert copied == secret and secret.startswith("op_")
     page.assert_no_violations()
+
+
+# A date as the report words it: "4 December 2026 at 11:40 UTC".
+DATE_IN_WORDS = r"^\d{1,2} [A-Z][a-z]+ \d{4} at \d\d:\d\d UTC$"
+REPORT_SHAPE = """
+const cells = [...document.querySelectorAll('td')];
+return {
+  fits: document.documentElement.scrollWidth <= window.innerWidth,
+  headings: [...document.querySelectorAll('h2')].map(h => h.textContent.trim()),
+  dates: [...document.querySelectorAll('time')].map(t => t.textContent.trim()),
+  outside: cells.filter(td => td.getBoundingClientRect().right > window.innerWidth + 1)
+                .map(td => td.textContent.slice(0, 40)),
+  labelled: cells.every(td => td.dataset.label || td.closest('#policies')),
+  status: [...document.querySelectorAll('#memory_status li')].map(li => li.textContent),
+};"""
+
+
+def test_the_exports_report_reads_on_a_phone(page, sized, reader, committed, tmp_path):
+    """The report in the zip, opened as a person would (a file) at 390 px: no sideways
+    scroll, a heading for every section, the Memory Status sentences, each row a card
+    whose cells say their column, and dates in words."""
+    session = committed.session
+    make_memory(session, reader, "A long unbroken address: https://example.test/"
+                + "a-very-long-path-segment" * 8)
+    export = DataExport(user_id=reader.id, status="queued")
+    session.add(export)
+    session.commit()
+    assert build_export(session, export.id) == "ready"
+    archive = zipfile.ZipFile(BytesIO(b"".join(export_parts(lambda: session, export.id))))
+    report = tmp_path / REPORT_NAME
+    report.write_bytes(archive.read(REPORT_NAME))
+
+    sized(PHONE)
+    page.driver.get(report.as_uri())
+    shape = page.driver.execute_script(REPORT_SHAPE)
+    page.screenshot("phone-export-report.png")
+    assert shape["fits"] and shape["outside"] == []
+    assert shape["headings"] == ["Contents", MEMORY_STATUS_TITLE,
+                                 *(section.title for section in SECTIONS)]
+    resolution = resolve_sources(get_plan_for_user(reader, session))
+    assert shape["status"] == [f"{s.label}: {state_sentence(s, resolution)}"
+                               for s in resolution.sources]
+    assert shape["labelled"]
+    assert shape["dates"] and all(re.match(DATE_IN_WORDS, d) for d in shape["dates"]), \
+        shape["dates"]

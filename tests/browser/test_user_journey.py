@@ -53,17 +53,24 @@ def test_chat_eye_catch_memory_status_update_and_the_worker(page, live_app, comm
     session = committed.session
     page.sign_in(traveller.email)
     page.open("/orbitpilot/")
+    page.driver.execute_script("window.__sameDocument = true;")
+    end = ".op-main form[data-op-end]"
+    assert not page.driver.find_element(By.CSS_SELECTOR, end).is_displayed()  # none yet
     send(page, "Plan a day in Lisbon for me")
+    # The first send made the conversation: its End button is there at once.
+    page.wait().until(lambda d: d.find_element(By.CSS_SELECTOR, end).is_displayed())
     send(page, "Also remind me that I prefer window seats")
+    assert page.driver.execute_script("return window.__sameDocument === true;")
     session.rollback()
     (conversation_id,) = session.scalars(select(Message.conversation_id).where(
         Message.user_id == traveller.id).distinct()).all()
-    page.open(f"/orbitpilot/c/{conversation_id}")
     page.screenshot("chat.png")
 
-    # End the conversation: its build is requested; a real worker runs it.
-    page.click(".op-main form[action$='/end'] button[type=submit]")
+    # End the conversation, without a reload since the first send: its build is
+    # requested; a real worker runs it.
+    page.click(f"{end} button[type=submit]")
     page.settle()
+    assert page.driver.current_url == f"{page.base_url}/orbitpilot/c/{conversation_id}"
     run_worker(live_app)
     (first,) = fresh_builds_of(session, traveller.id)
     assert (first.status, first.trigger, first.added) == ("succeeded", "conversation_end", 2)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import uuid
 import zipfile
 from datetime import UTC, datetime, timedelta
@@ -33,6 +34,8 @@ from dashboard.exports.services import export_call
 from dashboard.holds import place_hold
 from dashboard.memories import services as memories
 from dashboard.orbitpilot.models import ProfileFact
+from dashboard.plans.sentences import state_sentence
+from dashboard.plans.services import get_plan_for_user, resolve_sources
 from dashboard.refusals import TooSoon
 from tests.conftest import csrf_from
 from tests.factories import (
@@ -145,6 +148,44 @@ def test_every_canary_is_exactly_where_the_schema_says_and_nobody_elses_is_there
     assert all(c not in json.dumps(e.details) for e in events for c in mine.values())
 
 
+def test_the_report_reads_like_a_statement_with_headings_words_and_dates_in_words(
+        db_session):
+    """report.html: sized for a phone (a viewport), a contents list and a heading per
+    section, the Memory Status sentences, columns in words, yes and no, and every
+    stored moment as a date in words (its exact value kept in ``datetime``)."""
+    from dashboard.exports.sections import (
+        MEMORY_STATUS_TITLE,
+        SECTIONS,
+        column_words,
+        date_in_words,
+    )
+    from tests.orbitpilot.dom import parse
+
+    user = make_user(db_session)
+    blink = make_blink(db_session, user, "A note for the report", title="Report")
+    report = parse(zip_of(db_session, made(db_session, user).id).read(REPORT_NAME).decode())
+    assert report.find("meta", name="viewport").attrs["content"] == \
+        "width=device-width, initial-scale=1"
+    titles = [MEMORY_STATUS_TITLE, *(s.title for s in SECTIONS)]
+    assert [a.text for a in report.find("nav").find_all("a")] == titles
+    assert [h.text for h in report.find_all("h2")] == ["Contents", *titles]
+    resolution = resolve_sources(get_plan_for_user(user, db_session))
+    assert [li.text for li in report.find("section", id="memory_status").find_all("li")] == [
+        f"{s.label}: {state_sentence(s, resolution)}" for s in resolution.sources]
+    blinks = report.find("section", id="blinks")
+    headings = [th.text for th in blinks.find_all("th")]
+    assert headings == ["Id", "Title", "Content", "Excluded from memory", "Created",
+                        "Updated"]
+    cells = {td.attrs["data-label"]: td for td in blinks.find("tbody").find_all("td")}
+    assert cells["Excluded from memory"].text == "No"
+    created = cells["Created"].find("time")
+    assert created.text == date_in_words(blink.created_at)
+    assert created.attrs["datetime"] == blink.created_at.astimezone(UTC).isoformat()
+    assert re.fullmatch(r"\d{1,2} [A-Z][a-z]+ \d{4} at \d\d:\d\d UTC", created.text)
+    assert column_words("last_used_at") == "Last used"
+    assert column_words("reply_to_id") == "Reply to id"
+
+
 def test_the_shipped_schema_is_the_one_the_code_writes():
     assert export_schema() == json.loads(SHIPPED_SCHEMA.read_text())
 
@@ -231,13 +272,36 @@ def test_an_expired_link_is_gone(client, db_session, auth):
     assert b'data-status="expired"' in client.get(f"/memory/export/{export.id}").data
 
 
-def test_asking_again_too_soon_says_when_on_the_status_page(client, db_session, auth):
+def test_asking_again_too_soon_leads_to_the_ready_export_and_says_when_in_words(
+        client, db_session, auth):
     user = make_user(db_session, email="eager@example.test")
-    made(db_session, user)
+    ready = made(db_session, user)
     auth.login("eager@example.test")
     token = csrf_from(client, "/memory/status")
-    answer = client.post("/memory/export", data={"csrf_token": token}, follow_redirects=True)
-    assert answer.status_code == 200 and b"you can ask for a new one in" in answer.data
+    answer = client.post("/memory/export", data={"csrf_token": token})
+    assert answer.status_code == 303
+    assert answer.headers["Location"] == f"/memory/export/{ready.id}"
+    page = client.get(answer.headers["Location"]).get_data(as_text=True)
+    assert ("Your last export is ready: download it below. You asked for an export less "
+            "than a minute ago; you can ask for a new one in 10 minutes.") in page
+    assert f'action="/memory/export/{ready.id}/download"' in page  # the download, at hand
+    assert "minute(s)" not in page and not re.search(r"\b0 minute", page)
+
+
+@pytest.mark.parametrize("waited, left, said", [
+    (0, 600, "less than a minute ago; you can ask for a new one in 10 minutes"),
+    (59, 541, "less than a minute ago; you can ask for a new one in 10 minutes"),
+    (61, 539, "1 minute ago; you can ask for a new one in 9 minutes"),
+    (590, 10, "9 minutes ago; you can ask for a new one in 1 minute"),
+])
+def test_the_wait_is_said_in_words_that_make_sense(db_session, waited, left, said):
+    user = make_user(db_session)
+    first = made(db_session, user)
+    with pytest.raises(TooSoon) as refused:
+        request_export(db_session, user, interval=600,
+                       now=first.created_at + timedelta(seconds=waited))
+    assert refused.value.sentence == f"You asked for an export {said}."
+    assert refused.value.latest_id == first.id
 
 
 @pytest.mark.processes

@@ -241,7 +241,41 @@ def test_ending_a_conversation_requests_a_build_and_stops_new_messages(client, s
     page = parse(client.get(f"/orbitpilot/c/{conversation_id}").get_data(as_text=True))
     assert page.find(data_op_ended=True) is not None
     assert page.find("input", data_op_conversation=True).attrs["value"] == ""
-    assert page.find("form", action=f"/orbitpilot/c/{conversation_id}/end") is None
+    assert "hidden" in page.find("form", data_op_end=True).attrs  # nothing to end
+
+
+def test_the_end_button_is_on_a_new_conversation_page_ready_for_the_first_send(
+        client, signed_in, db_session):
+    """A new conversation has no id until its first message: the End form is on the page
+    from the start, hidden and naming none, so the script can name the conversation the
+    send made and show it at once (no reload); an open conversation's page shows it."""
+    page = parse(client.get("/orbitpilot/new").get_data(as_text=True))
+    end = page.find("form", data_op_end=True)
+    assert end.attrs["action"] == "/orbitpilot/end" and end.attrs["method"] == "post"
+    assert "hidden" in end.attrs
+    assert end.find("input", data_op_end_conversation=True).attrs["value"] == ""
+    assert end.find("button", type="submit").normalized_text == "End conversation"
+    # What the script fills in is what the send answers, and the form then ends it.
+    conversation_id = send(client, "hello").get_json()["conversation_id"]
+    ended = client.post("/orbitpilot/end", data={"conversation_id": str(conversation_id),
+                                                 "csrf_token": token(client)})
+    assert ended.status_code == 303
+    db_session.expire_all()
+    assert db_session.get(Conversation, conversation_id).status == "ended"
+
+
+def test_an_open_conversation_shows_its_end_button(client, signed_in):
+    conversation_id = send(client, "hello").get_json()["conversation_id"]
+    page = parse(client.get(f"/orbitpilot/c/{conversation_id}").get_data(as_text=True))
+    end = page.find("form", data_op_end=True)
+    assert "hidden" not in end.attrs
+    assert end.find("input", data_op_end_conversation=True).attrs["value"] == \
+        str(conversation_id)
+
+
+def test_a_guest_has_no_end_button(client):
+    page = parse(client.get(CHAT_PAGE).get_data(as_text=True))
+    assert page.find("form", data_op_end=True) is None
 
 
 def test_ending_twice_requests_one_build(client, signed_in, db_session):
@@ -471,6 +505,26 @@ def test_one_truth_the_notice_the_honesty_note_and_memory_status_in_every_state(
     # Computed at request time, never stored with the reply.
     stored = db_session.get(Message, body["reply"]["id"]).content
     assert expected not in stored
+
+
+def test_on_the_free_plan_the_note_under_every_reply_names_chat_history(
+        client, auth, db_session):
+    """The untouched default plan evicts chat history by its cap: the sentence names the
+    sources that come first, not chat history, so the note says what it is about first,
+    in the reply sent, on the conversation's page and in the dock alike."""
+    user = make_user(db_session)  # no plan: the default "Free"
+    resolution = resolve_sources(get_plan_for_user(user, db_session))
+    sentence = state_sentence(resolution.get(CHAT_HISTORY), resolution)
+    assert "chat history" not in sentence.lower()  # why the note must name it
+    auth.login(user.email)
+    body = send(client, "Is this remembered?").get_json()
+    second = send(client, "And this?", body["conversation_id"]).get_json()
+    pages = [parse(body["html"]), parse(second["html"]),
+             parse(client.get(f"/orbitpilot/c/{body['conversation_id']}").get_data(
+                 as_text=True)),
+             parse(client.get(DOCK_PAGE).get_data(as_text=True)).find(data_op_dock=True)]
+    notes = [n.normalized_text for page in pages for n in page.find_all(data_op_honesty=True)]
+    assert notes == [f"Chat history. {sentence}"] * 6  # one per reply: 1 + 1 + 2 + 2
 
 
 def test_the_note_follows_the_plan_at_request_time(client, auth, db_session):

@@ -7,12 +7,14 @@
 
   function apply(form, data) {
     var excluded = data.excluded_from_memory === true;
+    var read = data.read === true;  // the plan's resolution as well as the switch
     var button = form.querySelector(".uc-memory-status");
     var icon = button.querySelector(".bi");
-    icon.classList.toggle("bi-eye", !excluded);
-    icon.classList.toggle("bi-eye-slash", excluded);
+    icon.classList.toggle("bi-eye", read);
+    icon.classList.toggle("bi-eye-slash", !read);
     button.querySelector(".uc-memory-label").textContent = data.label;
     button.setAttribute("data-excluded", excluded ? "true" : "false");
+    button.setAttribute("data-read", read ? "true" : "false");
     form.querySelector("input[name=excluded]").value = excluded ? "0" : "1";
     var card = form.closest("[data-blink-id]");
     if (card) {

@@ -249,6 +249,12 @@
       updateCount(textarea);
       var conversation = form.querySelector("[data-op-conversation]");
       if (conversation && body.conversation_id) { conversation.value = body.conversation_id; }
+      // The conversation can now be ended: the page's End button names it and shows.
+      var end = root.querySelector("form[data-op-end]");
+      if (end && body.conversation_id) {
+        end.querySelector("[data-op-end-conversation]").value = body.conversation_id;
+        end.hidden = false;
+      }
       var open = root.querySelector("[data-op-open-chat]");
       if (open && body.conversation_url) { open.setAttribute("href", body.conversation_url); }
       if (root.hasAttribute("data-op-page") && body.new_conversation && body.conversation_url &&
