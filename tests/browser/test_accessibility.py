@@ -5,26 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.axe import axe_source, violations
+from tests.browser.axe import violations
 from tests.browser.checks import NAVBAR_OVERFLOW, STAFF_LIST_PROBLEMS, UNLABELLED
 from tests.browser.conftest import pages_of
-from tests.conftest import IN_CI
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 
 pytestmark = pytest.mark.processes  # real processes or servers: slow
-
-
-@pytest.fixture(scope="module")
-def axe() -> str:
-    """axe-core's script: without npm (and no ``$AXE_CORE_JS``) these tests skip, which
-    fails in CI."""
-    try:
-        return axe_source()
-    except FileNotFoundError:
-        if IN_CI:
-            pytest.fail("npm is needed to fetch axe-core (apt-get install npm)")
-        pytest.skip("npm is needed to fetch axe-core (apt-get install npm)")
 
 
 # Every identity at a desktop's width; the people who use a phone (guests and users) at a
