@@ -1,23 +1,12 @@
-"""The whole pilot journey (issue 27), in real headless Chromium against the app served on
-a socket, with the MCP SDK's own client, a real worker and the default embedder (MiniLM):
-
-the lead creates a team and invites members A and B, copying each link from the page; A
-accepts and saves to the team on its page by the keyboard; A's MCP client (the SDK's
-``OAuthClientProvider``) starts the real OAuth flow, A ticks the team on the consent page
-in A's browser and allows, and the client saves a memory to the team by its slug; the
-lead sees it "saved by A via <the app>", the app's own name marked as its claim, and asks
-for the team's export; one worker run builds the team's memory and makes the export while
-B accepts and makes an API key naming the team; B recalls the memory by meaning (a
-question sharing no content word with it) through MCP (B's own grant), the API and the
-chat, each answer labelled with the team and A; the lead downloads the export (valid
-against the shipped schema) and erases the memory for good from the page, and its receipt
-says the erasure reached B's reply and the export; support finds the team by its name,
-and neither the support pages nor the audit log hold any of the words people typed (a
-canary in two memories, a key's name and an erasure's reason).
-
-Every team page on the way passes axe-core's WCAG 2.1 AA rules, labels every form control,
-fits 1280 px and carries no Content-Security-Policy violation (the phone's width is
-test_teams.py's)."""
+"""The whole pilot journey, in real headless Chromium, with the MCP SDK's own client, a real
+worker and MiniLM: the lead creates a team and invites A and B; A accepts, saves on the
+page, and A's MCP client (the real OAuth flow, the team ticked in A's browser) saves to the
+team; the lead sees "saved by A via <the app>" (its own name a claim) and asks for the
+export; B recalls the memory by meaning through MCP, the API and the chat, each labelled
+with the team and A; the lead downloads the export (valid against the shipped schema) and
+erases the memory, its receipt naming B's reply and the export; support finds the team,
+and no page or audit row holds a canary. Every team page passes axe-core, labels every
+control, fits 1280 px, and has no CSP violation (the phone's width: test_teams.py)."""
 
 from __future__ import annotations
 

@@ -1,32 +1,32 @@
 """The teams' authorisation matrix: every persona (owner, admin, member, reader, someone who
 never was a member, a removed member) × every action × every surface (the pages, the
 ``/v1`` API, MCP), one expected outcome per cell, each cell its own test
-(``pages-member-hard_delete``). The tables below were written from the spec
-(docs/architecture/teams.md, the product spec's teams section, issue 27), not read
-from the code:
+(``pages-member-hard_delete``). The tables were written from the spec, not read from the
+code; the rules they encode, and what the cells cost, are in the comment below."""
 
-- read, search, the team's Memory Status: every role;
-- write and share (policy ``members``, the default): owners, admins, members; readers not;
-- edit, forget (and restore), redact (policy ``author_or_admins``, the default): owners and
-  admins any memory, a member their own, a reader none (not even one they saved);
-- hard delete: owners and admins (a member not even their own); an API key or a connection
-  also needs ``memory:hard_delete``, whatever the role (the scope is checked first);
-- invite, remove, change roles, change the controls, export, read the team audit: owners
-  and admins; an owner is invited, removed, made or unmade by an owner only;
-- anyone not a member — who never was, or was removed — gets what a team that does not
-  exist gets, byte for byte: on the pages the same 404 and words, on the API the same
-  problem+json, on MCP the same tool error. Their credential names the team even so (a
-  key or connection made while a member, or the team written straight to its row): the
-  membership read at each call is what refuses.
+# - read, search, the team's Memory Status: every role;
+# - write and share (policy ``members``, the default): owners, admins, members; readers not;
+# - edit, forget (and restore), redact (policy ``author_or_admins``, the default): owners and
+#   admins any memory, a member their own, a reader none (not even one they saved);
+# - hard delete: owners and admins (a member not even their own); an API key or a connection
+#   also needs ``memory:hard_delete``, whatever the role (the scope is checked first);
+# - invite, remove, change roles, change the controls, export, read the team audit: owners
+#   and admins; an owner is invited, removed, made or unmade by an owner only;
+# - anyone not a member — who never was, or was removed — gets what a team that does not
+#   exist gets, byte for byte: on the pages the same 404 and words, on the API the same
+#   problem+json, on MCP the same tool error. Their credential names the team even so (a
+#   key or connection made while a member, or the team written straight to its row): the
+#   membership read at each call is what refuses.
+#
+# A cell that a surface does not offer is ``NA`` with its reason, and a walk of that
+# surface (the URL map, MCP's tool list) holds the table to what is really there.
+#
+# Cost: the Flask-client cells share one world per class (people, the team, memories,
+# keys, signed-in clients) built once in an outer transaction; each cell runs in a
+# savepoint rolled back after it. The MCP cells share ONE live server and one session per
+# persona (the sessions side by side, each its calls in order on memories of its own): the
+# calls are made once, and each cell reads its own answer.
 
-A cell that a surface does not offer is ``NA`` with its reason, and a walk of that
-surface (the URL map, MCP's tool list) holds the table to what is really there.
-
-Cost: the Flask-client cells share one world per class (people, the team, memories,
-keys, signed-in clients) built once in an outer transaction; each cell runs in a
-savepoint rolled back after it. The MCP cells share ONE live server and one session per
-persona (the sessions side by side, each its calls in order on memories of its own): the
-calls are made once, and each cell reads its own answer."""
 
 from __future__ import annotations
 
