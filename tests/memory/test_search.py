@@ -429,3 +429,30 @@ def test_an_identifier_the_vectors_miss_is_found_by_its_words(db_session, count_
                              max_distance=cut)
     assert q.count == 1
     assert [(h.content, h.match) for h in hits] == [(locker, "lexical")]
+
+
+def test_a_team_on_the_hnsw_path_is_fused_in_with_the_persons_hits(db_session):
+    """The person's exact statement and their team's HNSW one (every row ``ann``, the note
+    ready) each fuse their lists; the union is fused again: the person's chunk, near and
+    holding the code, before the team's, which only its words found (hashing vectors:
+    distance 1). The vectors alone find the person's only."""
+    embedder = HashingEmbedder()
+    person = memories_user(db_session, ["Ticket BL-422 closed after the vendor patch.",
+                                        LEXICAL[2]])
+    team = memories_user(db_session, ["工单BL-422已经关闭。", LEXICAL[0]])
+    for owner in (person, team):
+        run_memory_build(owner, "quick", session=db_session, embedder=embedder)
+    db_session.execute(update(MemoryChunk).where(MemoryChunk.user_id == team.id)
+                       .values(ann=True))
+    mark_ann_ready(db_session, team.id)
+    query, cut = "BL-422 closed", embedder.match_distance
+    with Recorder() as recorder:
+        hits = search_memory(db_session, [person.id, team.id], query, 5, embedder=embedder,
+                             max_distance=cut)
+    assert len(recorder.hnsw()) == 1  # the team's own statement
+    assert [(h.content, h.owner_id, h.match) for h in hits] == [
+        ("Ticket BL-422 closed after the vendor patch.", person.id, "both"),
+        ("工单BL-422已经关闭。", team.id, "lexical")]
+    assert [h.content for h in search_memory(
+        db_session, [person.id, team.id], query, 5, embedder=embedder, max_distance=cut,
+        hybrid=False)] == ["Ticket BL-422 closed after the vendor patch."]
