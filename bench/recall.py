@@ -4,11 +4,12 @@ from their answer, some with no right answer).
 
     .venv/bin/python bench/recall.py                      # every embedder available
     .venv/bin/python bench/recall.py --embedders hashing
+    .venv/bin/python bench/recall.py --hybrid             # also through search_memory
 
 Per embedder: recall@1/@3/@10 and MRR, texts/s, and for the distance cut a search applies
 (``RECALL_MAX_DISTANCE`` or ``--threshold``) the share of no-answer queries answered "no
 match" and what it costs; then a sweep of cuts, and the share of queries that share no
-content word with their answer. Nothing here passes or fails."""
+content word with their answer; ``--hybrid``: asked of ``search_memory``, hybrid off and on."""
 
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--embedders", nargs="*", help="EMBEDDER settings (default: all)")
     parser.add_argument("--threshold", type=float, help="distance threshold to report")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="also search through the database, hybrid recall off and on")
     return parser.parse_args()
 
 
@@ -91,6 +94,81 @@ def sweep(result: dict) -> list[tuple[float, float, float]]:
     return [(t, *at_threshold(result, t)) for t in np.round(np.arange(0.30, 1.01, 0.05), 2)]
 
 
+DATABASE = "orbitpilot_bench_recall"
+
+
+def returned_scores(ranks: list[int]) -> tuple[float, float, float, float]:
+    """recall@1/@3/@10 and MRR of what a search returned (rank 0: not returned)."""
+    found = np.array(ranks)
+    at = [float(np.mean((found > 0) & (found <= k))) for k in (1, 3, 10)]
+    mrr = float(np.mean(np.where(found > 0, 1.0 / np.maximum(found, 1), 0.0)))
+    return at[0], at[1], at[2], mrr
+
+
+def through_search(names: list[str], memories: list[dict], queries: list[dict],
+                   threshold: float | None) -> None:
+    """The set as one user's saved memories in a bench database of its own, each query
+    asked of ``search_memory`` (k 10, at the cut) with hybrid recall (full-text rank fused
+    with the vectors) off and on: recall@k and MRR of what it returns, the share of
+    no-answer queries it answers with nothing, and how many hits the words found."""
+    from sqlalchemy import insert
+
+    from bench._setup import drop_database, fresh_database, migrated_app
+    from dashboard.auth.models import User
+    from dashboard.embedded import OWNER_ROLE
+    from dashboard.extensions import db
+    from dashboard.memory.chunking import content_hash
+    from dashboard.memory.models import MemoryChunk
+    from dashboard.memory.search import search_memory
+
+    urls, admin = fresh_database(DATABASE)
+    try:
+        app = migrated_app({"SQLALCHEMY_DATABASE_URI": urls.database_url(DATABASE),
+                            "MIGRATIONS_DATABASE_URI": urls.database_url(DATABASE, OWNER_ROLE),
+                            "EMBEDDER": "hashing"})
+        with app.app_context():
+            session = db.session
+            for name in names:
+                embedder = get_embedder(name)
+                cut = threshold if threshold is not None else embedder.match_distance
+                user_id = session.execute(insert(User).returning(User.id), [{
+                    "email": f"recall-{name}@bench.test", "display_name": name,
+                    "password_hash": "x", "kind": "person"}]).scalar_one()
+                vectors = embedder.embed([m["text"] for m in memories])
+                session.execute(insert(MemoryChunk), [
+                    {"user_id": user_id, "source_key": "xmemo.saved", "source_id": m["id"],
+                     "chunk_index": 0, "content_hash": content_hash(m["text"]),
+                     "content": m["text"], "embedding": vector,
+                     "embedding_model": embedder.name}
+                    for m, vector in zip(memories, vectors, strict=True)])
+                session.flush()
+                print(f"\n{embedder.name} through search_memory, k 10, cut {cut:.2f}")
+                print("  hybrid  recall@1  recall@3  recall@10   MRR  no-answer: no match"
+                      "  hits by words")
+                for hybrid in (False, True):
+                    ranks, silent, lexical = [], 0, 0
+                    for query in queries:
+                        hits = search_memory(session, user_id, query["text"], 10,
+                                             embedder=embedder, max_distance=cut,
+                                             hybrid=hybrid)
+                        lexical += sum(h.match != "semantic" for h in hits)
+                        if not query["answers"]:
+                            silent += not hits
+                            continue
+                        right = set(query["answers"])
+                        ranks.append(next((r for r, h in enumerate(hits, 1)
+                                           if h.source_id in right), 0))
+                    at1, at3, at10, mrr = returned_scores(ranks)
+                    unanswered = len(queries) - len(ranks)
+                    print(f"  {'on' if hybrid else 'off':>6}  {at1:8.2f}  {at3:8.2f}  "
+                          f"{at10:9.2f}  {mrr:4.2f}  {silent / unanswered:19.0%}  "
+                          f"{lexical:13d}")
+            session.rollback()
+            db.engine.dispose()
+    finally:
+        drop_database(admin, DATABASE)
+
+
 def main() -> None:
     args = parse_args()
     data = json.loads(SET.read_text())
@@ -117,6 +195,8 @@ def main() -> None:
         print("  threshold  no-match share  recall@3 kept")
         for t, share, kept_at in result["sweep"]:
             print(f"  {t:9.2f}  {share:14.0%}  {kept_at:13.2f}")
+    if args.hybrid:
+        through_search(names, memories, queries, args.threshold)
 
 
 if __name__ == "__main__":

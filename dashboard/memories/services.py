@@ -745,6 +745,9 @@ class Recalled:
     source_id: str
     chunk_index: int
     owner_id: int = 0  # whose memory: the caller's own, or a team's account
+    # How it matched: "semantic", "lexical" (it holds a name or code of the query, kept
+    # even beyond the cut) or "both" (``memory.search``).
+    match: str = "semantic"
 
 
 def recall(session: Session, owner_ids: int | Sequence[int], query: str, k: int, *,
@@ -772,10 +775,11 @@ def recall(session: Session, owner_ids: int | Sequence[int], query: str, k: int,
                 continue  # forgotten in a transaction this one already sees
             out.append(Recalled(hit.content, hit.distance, hit.source_key,
                                 origins[hit.source_id], hit.source_id, hit.source_id,
-                                hit.chunk_index, hit.owner_id))
+                                hit.chunk_index, hit.owner_id, hit.match))
         else:
             out.append(Recalled(hit.content, hit.distance, hit.source_key, hit.source_key,
-                                None, hit.source_id, hit.chunk_index, hit.owner_id))
+                                None, hit.source_id, hit.chunk_index, hit.owner_id,
+                                hit.match))
     return out
 
 

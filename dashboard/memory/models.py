@@ -8,6 +8,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     CheckConstraint,
+    Computed,
     DateTime,
     ForeignKey,
     Index,
@@ -18,7 +19,7 @@ from sqlalchemy import (
     false,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, TSVECTOR
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
@@ -36,6 +37,20 @@ BUILD_MODES = ("quick", "full")  # what a request may ask for
 # What a record may say: ``bulk`` is a plan change applied to many users at once
 # (``memory.bulk``), never requested.
 RECORD_MODES = (*BUILD_MODES, "bulk")
+# Characters of scripts written without spaces between words (Han, kana, Hangul, their
+# punctuation and full-width forms): set apart before the words are read, so that a Latin
+# name or code inside such text ("工单BL-422已关闭") is a word of its own, and each such
+# character one too. The same class splits a query (``memory.lexical``).
+NO_SPACE_SCRIPTS = (r"\u1100-\u11ff\u2e80-\u2fdf\u3000-\u303f\u3040-\u30ff\u3100-\u31ff"
+                    r"\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uffef"
+                    r"\U00020000-\U0002ffff")
+# A chunk's words for full-text recall: the 'simple' configuration neither stems nor drops
+# stop words, so it serves any language and keeps identifiers ("BL-422", "ECONNRESET")
+# whole. Generated, so every way a row is written (COPY, the full build's server-side
+# copy, a test's INSERT) fills it. Migration 0022 spells the same expression.
+LEXEMES = (r"to_tsvector('simple'::regconfig, regexp_replace(content, "
+           f"'([{NO_SPACE_SCRIPTS}])', "
+           r"' \1 ', 'g'))")
 BUILD_STATUSES = ("queued", "running", "succeeded", "failed")
 # What asked for a build. content_change: content, flags or deletions the user (or the
 # API) wrote; plan_change: the user's plan, or the cap or assignments of their plan;
@@ -69,6 +84,8 @@ class MemoryChunk(db.Model):
             postgresql_ops={"embedding": "vector_cosine_ops"},
             postgresql_where=text("ann"),
         ),
+        # Full-text recall beside the vectors (``memory.search``).
+        Index("ix_memory_chunks_lexemes", "lexemes", postgresql_using="gin"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
@@ -90,6 +107,9 @@ class MemoryChunk(db.Model):
     # moved in so far (docs/architecture/retrieval.md). Retrieval follows the note's flag.
     ann: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     created_at: Mapped[datetime] = created_at_column()
+    # The content's words (``LEXEMES``), never loaded with the row.
+    lexemes: Mapped[Any] = mapped_column(TSVECTOR, Computed(LEXEMES, persisted=True),
+                                         deferred=True)
 
 
 class MemoryBuild(db.Model):

@@ -165,6 +165,21 @@ def recalled_line(hit: MemoryHit) -> str:
     return f"• From {kind}: “{one_line(text)}”"
 
 
+def said_line(message: str) -> str:
+    """The built-in responder's first line: the turn it answers, echoed."""
+    return f"You said: “{one_line(message)}”"
+
+
+def is_builtin_reply(reply: str) -> bool:
+    """Whether ``reply`` is the built-in responder's (its first line echoes the turn, its
+    last says what it drew on): it holds nothing of its own, only the turn again and what
+    recall found, which memory holds anyway. By its shape, so a reply stored before
+    another responder was set, or whose turn was edited since, is still known."""
+    lines = reply.strip().splitlines()
+    return len(lines) >= 2 and lines[0].startswith("You said: “") \
+        and lines[-1].startswith("I drew on ")
+
+
 class BuiltinResponder:
     """The offline default: it answers from what recall handed it (quoting saved items,
     naming earlier conversations), says so when nothing relevant came back, and quotes no
@@ -173,7 +188,7 @@ class BuiltinResponder:
     def __call__(self, context: ResponderContext) -> Reply:
         earlier = len(context.earlier_turns)
         labels = _labels_in_order(context.memory)
-        lines = [f"You said: “{one_line(context.message.content)}”"]
+        lines = [said_line(context.message.content)]
         if context.guest:
             lines.append("I remember nothing between visits while you are signed out.")
         elif context.memory:

@@ -294,7 +294,8 @@ def test_search_names_the_client_and_the_memory(api, owner, db_session):
     assert set(body) == {"results", "notice"} and body["notice"] is None  # it matched
     hit = next(h for h in body["results"] if h["memory_id"] == memory["id"])
     assert set(hit) == {"content", "distance", "source_key", "source", "memory_id",
-                        "source_id", "chunk_index", "owner", "attribution"}
+                        "source_id", "chunk_index", "owner", "attribution", "match"}
+    assert hit["match"] == "semantic"  # no name or code in the query: by meaning alone
     assert (hit["source_key"], hit["source"], hit["source_id"], hit["owner"]) == \
         (SAVED, "chatgpt", memory["id"], "personal")
     # Who saved it is the key, whatever the client said of itself.

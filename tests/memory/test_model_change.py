@@ -116,7 +116,7 @@ def test_a_query_in_one_model_finds_nothing_among_the_other_models_vectors(db_se
 
     vector = ShiftedHashingEmbedder().embed(["aisle"])[0]
     hits = _exact(db_session, user.id, vector, 3, HashingEmbedder.name)
-    assert all(h.distance > HashingEmbedder.match_distance for h in hits)
+    assert all(found.hit.distance > HashingEmbedder.match_distance for found in hits)
 
 
 def test_the_staff_home_shows_how_far_a_model_change_has_come(app, client, auth, db_session,

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 import pytest
-from sqlalchemy import event, insert, select, text
+from sqlalchemy import event, insert, select, text, update
 
 from dashboard.memories.models import Memory
 from dashboard.memory.ann import index_batch
@@ -210,7 +210,7 @@ def test_an_approximate_path_that_comes_back_short_is_topped_up_exactly(db_sessi
     big = make_user(db_session)
     _random_chunks(db_session, big.id, 40, rng, offset=10_000, ann=True)
     mark_ann_ready(db_session, big.id)
-    monkeypatch.setattr(search, "_hnsw", lambda *args: [])
+    monkeypatch.setattr(search, "_hnsw", lambda *args: None)
     query = RandomQuery(np.random.default_rng(17))
     hits = search_memory(db_session, big.id, "anything", 10, embedder=query)
     vector = RandomQuery(np.random.default_rng(17)).embed(["q"])[0]
@@ -327,3 +327,132 @@ def test_minilm_finds_what_a_person_means_and_says_no_match_to_the_rest(db_sessi
         assert hits[0].content == "Prefers aisle seats on long flights.", query
     assert search_memory(db_session, user.id, "what is my blood type", 3, embedder=embedder,
                          max_distance=cut) == []
+
+
+# -- hybrid: the query's names, codes and identifiers, fused with the vectors ---------------
+
+@pytest.mark.parametrize(("query", "terms"), [
+    ("what was the outcome with BL-422", ["BL-422"]),
+    ("why do we see ECONNRESET on the proxy?", ["ECONNRESET"]),
+    ("where is Heron at? Ask Ada", ["Heron", "Ada"]),  # "Ask" opens a sentence
+    ("Heron", ["Heron"]),
+    ("BL-422怎么样了", ["BL-422"]),  # a code inside Chinese text
+    ("What do I like on planes?", []),  # everyday words are the vectors' to judge
+])
+def test_the_words_looked_up_are_the_querys_names_codes_and_identifiers(query, terms):
+    from dashboard.memory.lexical import lexical_terms
+
+    assert lexical_terms(query) == terms
+
+
+def test_a_code_inside_chinese_text_is_found_by_its_words_in_one_statement(
+        db_session, count_queries):
+    """A person's memory in Chinese and their team's in English, each holding a code the
+    hashing vectors cannot see (no word shared: distance 1, beyond the cut): found by
+    its words, in one statement over both owners, labelled as matched by words."""
+    embedder = HashingEmbedder()
+    person = memories_user(db_session, ["工单BL-422已经关闭。", "我喜欢靠过道的座位。"])
+    team = memories_user(db_session, ["The proxy logs ECONNRESET every night.",
+                                      "Standup happens at 9:30 every weekday."])
+    for owner in (person, team):
+        run_memory_build(owner, "quick", session=db_session, embedder=embedder)
+    query, cut = "BL-422和ECONNRESET怎么样了", embedder.match_distance
+    assert search_memory(db_session, [person.id, team.id], query, 5, embedder=embedder,
+                         max_distance=cut, hybrid=False) == []
+    with count_queries() as q:
+        hits = search_memory(db_session, [person.id, team.id], query, 5, embedder=embedder,
+                             max_distance=cut)
+    assert q.count == 1
+    assert sorted((h.content, h.owner_id, h.match) for h in hits) == [
+        ("The proxy logs ECONNRESET every night.", team.id, "lexical"),
+        ("工单BL-422已经关闭。", person.id, "lexical")]
+
+
+def test_on_the_hnsw_path_the_words_are_read_through_their_gin_index(db_session):
+    """A ready user (every row in the partial HNSW index) asked about a code: EXPLAIN of
+    the very statement search_memory ran, after its settings, reads the vectors off the
+    HNSW index and the words off the GIN index, and the chunk holding the code (its
+    vector the farthest from the query's) comes first."""
+    rng = np.random.default_rng(19)
+    crowd = make_user(db_session)
+    _random_chunks(db_session, crowd.id, 400, rng)
+    big = make_user(db_session)
+    _random_chunks(db_session, big.id, 60, rng, offset=10_000, ann=True)
+    away = -RandomQuery(np.random.default_rng(23)).embed(["q"])[0]  # the farthest there is
+    db_session.execute(update(MemoryChunk).where(
+        MemoryChunk.user_id == big.id, MemoryChunk.source_id == "10007").values(
+        content="Locker BL-422 at the gym", embedding=away))
+    mark_ann_ready(db_session, big.id)
+    db_session.execute(text("ANALYZE memory_chunks"))  # the code is rare, as in a large user
+    with Recorder() as recorder:
+        hits = search_memory(db_session, big.id, "what was the outcome with BL-422", 10,
+                             embedder=RandomQuery(np.random.default_rng(23)))
+    assert len(hits) == 10 and hits[0].content == "Locker BL-422 at the gym"
+    assert hits[0].match == "lexical" and hits[0].distance == pytest.approx(2.0)
+    assert {h.match for h in hits[1:]} == {"semantic"}
+    settings = [(s, p) for s, p in recorder.ran if "set_config" in s]
+    (fused,) = recorder.hnsw()
+    assert len(settings) == 1 and "@@" in fused[0]
+    nodes = list(plan_nodes(explain(db_session, settings + [fused])))
+    # The vector list straight off the index, unsorted; the words' off theirs.
+    (top,) = [n for n in nodes if n.get("Subplan Name") == "CTE top"]
+    vectors = list(plan_nodes(top))
+    assert [n["Index Name"] for n in vectors if n["Node Type"] == "Index Scan"] == [
+        "ix_memory_chunks_embedding_ann"], top
+    assert not [n for n in vectors if n["Node Type"] == "Sort"], top
+    assert ("Bitmap Index Scan", "ix_memory_chunks_lexemes") in {
+        (n["Node Type"], n.get("Index Name")) for n in nodes}, nodes
+
+
+@requires_ml
+def test_an_identifier_the_vectors_miss_is_found_by_its_words(db_session, count_queries):
+    """MiniLM puts the locker's memory beyond the cut from a question about BL-422 (its
+    other words mean nothing alike): the vectors alone answer without it. Hybrid recall
+    finds it first, in one statement, as matched by its words; the memory about an
+    outcome that names no code stays out."""
+    from dashboard.memory.embedders import MiniLMEmbedder, get_embedder
+
+    embedder = get_embedder("minilm")
+    locker = "Locker BL-422 at the gym holds my spare running shoes."
+    user = memories_user(db_session, [locker, "The outcome of the board vote was a tie.",
+                                      "Prefers aisle seats on long flights.",
+                                      "The quarterly tax filing is due in April."])
+    run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    query, cut = "what was the outcome with BL-422", MiniLMEmbedder.match_distance
+    everything = search_memory(db_session, user.id, query, 10, embedder=embedder,
+                               hybrid=False)
+    assert {h.content: h.distance for h in everything}[locker] > cut
+    assert locker not in [h.content for h in search_memory(
+        db_session, user.id, query, 3, embedder=embedder, max_distance=cut, hybrid=False)]
+    with count_queries() as q:
+        hits = search_memory(db_session, user.id, query, 3, embedder=embedder,
+                             max_distance=cut)
+    assert q.count == 1
+    assert [(h.content, h.match) for h in hits] == [(locker, "lexical")]
+
+
+def test_a_team_on_the_hnsw_path_is_fused_in_with_the_persons_hits(db_session):
+    """The person's exact statement and their team's HNSW one (every row ``ann``, the note
+    ready) each fuse their lists; the union is fused again: the person's chunk, near and
+    holding the code, before the team's, which only its words found (hashing vectors:
+    distance 1). The vectors alone find the person's only."""
+    embedder = HashingEmbedder()
+    person = memories_user(db_session, ["Ticket BL-422 closed after the vendor patch.",
+                                        LEXICAL[2]])
+    team = memories_user(db_session, ["工单BL-422已经关闭。", LEXICAL[0]])
+    for owner in (person, team):
+        run_memory_build(owner, "quick", session=db_session, embedder=embedder)
+    db_session.execute(update(MemoryChunk).where(MemoryChunk.user_id == team.id)
+                       .values(ann=True))
+    mark_ann_ready(db_session, team.id)
+    query, cut = "BL-422 closed", embedder.match_distance
+    with Recorder() as recorder:
+        hits = search_memory(db_session, [person.id, team.id], query, 5, embedder=embedder,
+                             max_distance=cut)
+    assert len(recorder.hnsw()) == 1  # the team's own statement
+    assert [(h.content, h.owner_id, h.match) for h in hits] == [
+        ("Ticket BL-422 closed after the vendor patch.", person.id, "both"),
+        ("工单BL-422已经关闭。", team.id, "lexical")]
+    assert [h.content for h in search_memory(
+        db_session, [person.id, team.id], query, 5, embedder=embedder, max_distance=cut,
+        hybrid=False)] == ["Ticket BL-422 closed after the vendor patch."]

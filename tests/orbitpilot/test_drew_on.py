@@ -1,6 +1,6 @@
 """What a reply drew on: recorded (ids and distances, no text), listed under the reply with
 links, "forget this" and "not relevant", gone once the item is forgotten, and never in a
-log; a reply that drew on memory is remembered by its question alone."""
+log; a reply that drew on memory is remembered by the turn alone."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dashboard.memory.embedders import minilm_available
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot.models import Message, ReplyRecall
 from dashboard.orbitpilot.services import catch_reply
-from dashboard.orbitpilot.source import DREW_ON_MEMORY, extract_chat_pairs
+from dashboard.orbitpilot.source import extract_chat_pairs
 from dashboard.sources import BLINKS, CHAT_HISTORY, SAVED
 from tests.factories import make_blink, make_conversation, make_memory, make_plan, make_user
 from tests.orbitpilot.conftest import send, token
@@ -119,20 +119,24 @@ def test_not_relevant_is_the_owners_alone_and_a_post(client, db_session, auth):
     assert db_session.get(ReplyRecall, recall_id).not_relevant is False
 
 
-def test_a_reply_that_drew_on_memory_is_remembered_by_its_question_alone(
+def test_a_reply_that_drew_on_memory_is_remembered_by_the_turn_alone_a_question_not_at_all(
         client, db_session, auth):
+    """The built-in responder's replies hold nothing of their own either; a turn that only
+    asks, answered so, is no fact (its index is kept: the next pair stays ``:2``)."""
     user, saved, *_ = _world(db_session, "hashing", memory="Prefers aisle seats",
                              blink="x", pair=("y", "z"))
     auth.login(user.email)
-    drew = send(client, "aisle seats?").get_json()
+    drew = send(client, "Aisle seats on the night train, please.").get_json()
+    asked = send(client, "aisle seats?", drew["conversation_id"]).get_json()
     plain = send(client, "zzzqqq", drew["conversation_id"]).get_json()
-    assert drew["drew_on"]["memory_items"] >= 1 and plain["drew_on"]["memory_items"] == 0
+    assert drew["drew_on"]["memory_items"] >= 1 and asked["drew_on"]["memory_items"] >= 1
+    assert plain["drew_on"]["memory_items"] == 0
     records = {r.source_id: r.text for r in extract_chat_pairs(
         db_session, user.id, [drew["conversation_id"]])}
-    first, second = (f"{drew['conversation_id']}:{n}" for n in (0, 1))
-    assert records[first] == f"User: aisle seats?\nOrbitPilot: {DREW_ON_MEMORY}"
-    assert records[second] == f"User: zzzqqq\nOrbitPilot: {plain['reply']['content']}"
-    assert "Prefers aisle seats" in drew["reply"]["content"]  # it answered from recall
+    pair = drew["conversation_id"]
+    assert records == {f"{pair}:0": "User: Aisle seats on the night train, please.",
+                       f"{pair}:2": "User: zzzqqq"}
+    assert "Prefers aisle seats" in asked["reply"]["content"]  # it answered from recall
 
 
 @pytest.mark.skipif(
