@@ -244,17 +244,6 @@ def test_a_run_killed_early_never_spoils_the_next_and_ctrl_c_ends_that_one(runs,
     assert "==> stopped" in run.output()
 
 
-def test_kill_9_of_the_run_command_takes_its_web_server_and_worker_down(runs):
-    run = runs()
-    run.wait_serving()
-    os.kill(run.proc.pid, signal.SIGKILL)  # only the supervising process
-    run.proc.wait(timeout=10)
-    # Its children were told by the kernel; the last of them stops the servers.
-    assert wait_until(lambda: not listening_on(run.port), timeout=20)
-    assert wait_until(lambda: run.left_behind() == [], timeout=30), \
-        [p.cmdline() for p in run.left_behind()]
-
-
 def test_a_worker_killed_during_a_build_is_started_again_and_the_build_asked_again(
         runs, tmp_path):
     gate = tmp_path / "gate"
@@ -388,10 +377,11 @@ def mcp_asks_for_sign_in(port: int) -> None:
     assert "resource_metadata=" in refused.value.headers["WWW-Authenticate"]
 
 
-def test_the_readme_example_recalls_by_meaning_with_nothing_configured(runs):
+def test_the_readme_example_recalls_by_meaning_and_a_kill_9_takes_the_run_down(runs):
     """The README's curl example on the default (no EMBEDDER set): MiniLM recalls the
     saved preference for a paraphrase, and says "no match" to what was never saved.
-    The same run serves MCP beside the pages (one run: each costs seconds)."""
+    The same run serves MCP beside the pages, and then a kill -9 of the run command
+    alone takes its web server, worker and servers down (one run: each costs seconds)."""
     run = runs(env={"EMBEDDER": None})
     run.wait_serving()
     mcp_asks_for_sign_in(run.port)
@@ -421,5 +411,9 @@ def test_the_readme_example_recalls_by_meaning_with_nothing_configured(runs):
     never = api(run.port, key, "/v1/memories/search",
                 {"query": "the boiling point of tungsten", "k": 3})
     assert (never["results"], never["notice"]) == ([], NO_MATCH)
-    run.signal_group(signal.SIGINT)
-    assert run.proc.wait(timeout=30) == 0
+    os.kill(run.proc.pid, signal.SIGKILL)  # only the supervising process
+    run.proc.wait(timeout=10)
+    # Its children were told by the kernel; the last of them stops the servers.
+    assert wait_until(lambda: not listening_on(run.port), timeout=20)
+    assert wait_until(lambda: run.left_behind() == [], timeout=30), \
+        [p.cmdline() for p in run.left_behind()]
