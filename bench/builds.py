@@ -50,7 +50,7 @@ def parse_args() -> argparse.Namespace:
                         help="realistic chat pairs each embedder embeds per round")
     parser.add_argument("--throughput-rounds", type=int, default=3)
     parser.add_argument("--throughput-build-pairs", type=int, default=300,
-                        help="pairs of each measured MiniLM build (one per precision a round)")
+                        help="pairs of each measured MiniLM build (one a round)")
     parser.add_argument("--projected-pairs", type=int, default=10_000,
                         help="the user whose first build is projected")
     parser.add_argument("--skip-throughput", action="store_true")
