@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -55,3 +56,26 @@ def test_embedding_imports_no_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parents[2], timeout=120)
     assert out.stdout.strip() == "[]"
+
+
+@requires_ml
+def test_a_forked_work_horse_embeds_after_its_parent_did(minilm):
+    """A worker loads the model (and may have embedded) before it forks a work horse; the
+    horse's first pass must not wait on thread pools that did not survive the fork."""
+    texts = REFERENCE["texts"][:3]
+    here = minilm.embed(texts)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the horse: embed, send the rows, leave without pytest's clean-up
+        try:
+            os.write(write, minilm.embed(texts).tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        assert time.monotonic() < deadline, "the forked horse never finished its pass"
+        time.sleep(0.05)
+    with os.fdopen(read, "rb") as pipe:
+        there = np.frombuffer(pipe.read(), dtype=np.float32).reshape(here.shape)
+    assert np.abs(here - there).max() < 1e-6
