@@ -223,6 +223,13 @@ def focus_and_enter(page: Page, css: str) -> None:
     page.settle()
 
 
+@pytest.fixture
+def second(base_url, tmp_path_factory) -> Iterator[Page]:
+    """A second browser, a session of its own (a second person beside ``page``)."""
+    with chromium() as driver:
+        yield Page(driver, base_url, screenshots_folder(tmp_path_factory))
+
+
 @pytest.fixture(scope="module")
 def axe() -> str:
     """axe-core's script: without npm (and no ``$AXE_CORE_JS``) the tests that check pages

@@ -37,7 +37,7 @@ from dashboard.extensions import db
 from dashboard.memory.embedders import get_embedder, minilm_available
 from dashboard.teams.models import Team
 from tests.browser.axe import checked
-from tests.browser.conftest import Page, chromium, focus_and_enter, screenshots_folder
+from tests.browser.conftest import Page, focus_and_enter
 from tests.conftest import IN_CI, make_test_config
 from tests.connectors.helpers import REDIRECT_URI, Storage, client_metadata, mcp_session
 from tests.workers import run_worker
@@ -114,13 +114,6 @@ def people(committed):
     if registered:
         session.execute(delete(OAuthClient).where(OAuthClient.client_id.in_(registered)))
     session.commit()
-
-
-@pytest.fixture
-def second(base_url, tmp_path_factory):
-    """A second browser: A's session, then B's."""
-    with chromium() as driver:
-        yield Page(driver, base_url, screenshots_folder(tmp_path_factory))
 
 
 @dataclass

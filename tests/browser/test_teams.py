@@ -16,7 +16,7 @@ from sqlalchemy import delete, select
 from dashboard.auth.models import User
 from dashboard.teams.models import Team
 from tests.browser.axe import checked
-from tests.browser.conftest import Page, chromium, focus_and_enter, screenshots_folder
+from tests.browser.conftest import focus_and_enter
 
 pytest.importorskip("selenium", reason="needs selenium: install the dev extra")
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -44,13 +44,6 @@ def people(committed):
     if accounts:
         session.execute(delete(User).where(User.id.in_(accounts)))
         session.commit()
-
-
-@pytest.fixture
-def second(base_url, tmp_path_factory):
-    """A second browser: the invited member's own session."""
-    with chromium() as driver:
-        yield Page(driver, base_url, screenshots_folder(tmp_path_factory))
 
 
 def test_on_a_phone_a_lead_invites_a_member_who_saves_to_the_team(page, second, axe, people):
