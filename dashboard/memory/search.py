@@ -57,6 +57,10 @@ class NothingToSearch(Refusal):
 
 
 SEMANTIC, LEXICAL, BOTH = "semantic", "lexical", "both"
+# How sure recall is that a hit is about the query: within the embedder's sure distance
+# (or holding the query's identifier) it is ``relevant``; between that and the cut it is
+# shown, labelled ``possibly_related``, rather than hidden.
+RELEVANT, POSSIBLY_RELATED = "relevant", "possibly_related"
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Hit:
     # How it matched: ``semantic`` (near the query, within the cut), ``lexical`` (it holds
     # a name, code or identifier of the query: kept even beyond the cut) or ``both``.
     match: str = SEMANTIC
+    relevance: str = RELEVANT
 
 
 # Reciprocal rank fusion (Cormack, Clarke & Büttcher, 2009): a chunk scores the sum of
