@@ -29,7 +29,7 @@ from dashboard.sources import CHAT_HISTORY
 if TYPE_CHECKING:
     from dashboard.auth.models import User
 
-EMBEDDING_DIMENSIONS = 384
+EMBEDDING_DIMENSIONS = 512
 # The conversation a chat chunk belongs to (``source_id`` is "<conversation>:<pair>"),
 # spelled exactly as its index is, so the planner matches the two.
 CHAT_PART = "(split_part(source_id, ':', 1)::integer)"

@@ -2,6 +2,7 @@ import numpy as np
 
 from dashboard.memory.chunking import chunk_text, content_hash
 from dashboard.memory.embedders import HashingEmbedder, get_embedder
+from dashboard.memory.models import EMBEDDING_DIMENSIONS
 
 
 def test_short_text_is_one_chunk_and_long_text_is_split_deterministically():
@@ -22,10 +23,11 @@ def test_content_hash_is_sha256_of_the_text():
         "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
 
 
-def test_hashing_embedder_is_deterministic_normalised_and_384_wide():
+def test_hashing_embedder_is_deterministic_normalised_and_384_wide_in_the_column():
     embedder = HashingEmbedder()
     a, b, empty = embedder.embed(["Lisbon trip in May", "Lisbon trip in May", ""])
-    assert a.shape == (384,) and a.dtype == np.float32
+    assert a.shape == (EMBEDDING_DIMENSIONS,) and a.dtype == np.float32
+    assert a[:384].any() and not a[384:].any()  # padded: the same cosines as before
     assert np.allclose(a, b)
     assert abs(np.linalg.norm(a) - 1.0) < 1e-5
     assert not empty.any()

@@ -10,7 +10,7 @@ from sqlalchemy import event, insert, select, text, update
 from dashboard.memories.models import Memory
 from dashboard.memory.ann import index_batch
 from dashboard.memory.embedders import HashingEmbedder, minilm_available
-from dashboard.memory.models import MemoryChunk
+from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.memory.search import NothingToSearch, search_memory
 from tests.factories import make_user, mark_ann_ready
@@ -43,7 +43,7 @@ def test_lexical_fixture_ranks_the_relevant_chunk_first(db_session):
 
 
 def _random_chunks(session, user_id, count, rng, offset=0, *, ann=False):
-    vectors = rng.standard_normal((count, 384)).astype(np.float32)
+    vectors = rng.standard_normal((count, EMBEDDING_DIMENSIONS)).astype(np.float32)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     session.execute(insert(MemoryChunk), [
         {"user_id": user_id, "source_key": "xmemo.saved", "source_id": str(offset + i),
@@ -56,13 +56,13 @@ def _random_chunks(session, user_id, count, rng, offset=0, *, ann=False):
 class RandomQuery:
     """An embedder whose query vector is random: the chunks' own model name, so they match."""
 
-    name, dimensions = "random", 384
+    name, dimensions = "random", EMBEDDING_DIMENSIONS
 
     def __init__(self, rng) -> None:
         self.rng = rng
 
     def embed(self, texts):
-        vector = self.rng.standard_normal((1, 384)).astype(np.float32)
+        vector = self.rng.standard_normal((1, EMBEDDING_DIMENSIONS)).astype(np.float32)
         return vector / np.linalg.norm(vector)
 
 
@@ -252,7 +252,7 @@ def test_a_chunk_with_nothing_to_search_on_is_never_a_hit(db_session, ann):
     db_session.execute(insert(MemoryChunk), [{
         "user_id": user.id, "source_key": "xmemo.saved", "source_id": "zero",
         "chunk_index": 0, "content_hash": "z" * 64, "content": "!!!",
-        "embedding": np.zeros(384, dtype=np.float32), "embedding_model": "random", "ann": ann}])
+        "embedding": np.zeros(EMBEDDING_DIMENSIONS, dtype=np.float32), "embedding_model": "random", "ann": ann}])
     if ann:
         mark_ann_ready(db_session, user.id)
     hits = search_memory(db_session, user.id, "anything", 10, embedder=RandomQuery(rng))

@@ -18,6 +18,7 @@ from dashboard.holds import HoldError, is_held, place_hold, release_hold
 from dashboard.memories import services as memories
 from dashboard.memories.models import ForgetMarker, Memory
 from dashboard.memory import DeletedPart, MemoryBuild, MemoryChunk, verify_memory
+from dashboard.memory.models import EMBEDDING_DIMENSIONS
 from dashboard.memory.pipeline import preview_memory_build
 from dashboard.memory.verify import RETENTION_GRACE
 from dashboard.orbitpilot.models import Message
@@ -150,7 +151,7 @@ def _bulk_world(session, plan, users: int, seed: int = 7):
         {"email": f"bulk{n}-{tag}@example.test", "display_name": f"Bulk {n}",
          "password_hash": "x", "role": "user", "plan_id": plan.id} for n in range(users)
     ]).all()
-    vector = [0.05] * 384
+    vector = [0.05] * EMBEDDING_DIMENSIONS
     chunks, deleted = [], []
     for user_id in ids:
         for pair in range(rng.randint(0, 6)):
