@@ -212,7 +212,7 @@ def _exact(session: Session, owner_ids: int | Sequence[int], vector: np.ndarray,
 # hnsw.ef_search of the approximate path (at least k): the candidate list each scan keeps.
 # Measured with the index's m=16, ef_construction=64 on one user's 200,000 vectors shaped
 # like sentence embeddings (a 32-dimensional subspace plus noise): recall@10 0.92 at 100,
-# 0.98 at 200, 0.996 at 400 — see docs/ARCHITECTURE.md (and why random vectors differ).
+# 0.98 at 200, 0.996 at 400 — see docs/architecture/retrieval.md (and why random vectors differ).
 HNSW_EF_SEARCH = 200
 
 
@@ -280,11 +280,22 @@ def search_memory(session: Session, owner_ids: int | Sequence[int], query: str, 
     tsquery = tsquery_text(terms) if terms else None
     plain, special = _search_plain(session, owners, vector, k, embedder.name, tsquery,
                                    match_distance(embedder, max_distance))
-    lists = [plain]
+    lists = [_labelled(plain, embedder)]
     for owner, ann, model in special:
         lists.append(_search_owner(session, owner, ann, model, query, vector, k, embedder,
                                    max_distance, tsquery))
     return [found.hit for found in _merged(lists)[:k]]
+
+
+def _labelled(found: list[_Found], embedder: Embedder) -> list[_Found]:
+    """Each hit's relevance: ``relevant`` within the embedder's sure distance or holding a
+    term of the query, ``possibly_related`` between that and the cut (an embedder without
+    a sure distance is sure of whatever its cut keeps)."""
+    sure = getattr(embedder, "sure_distance", None)
+    if sure is None:
+        return found
+    return [f if f.lexical is not None or f.hit.distance <= sure
+            else replace(f, hit=replace(f.hit, relevance=POSSIBLY_RELATED)) for f in found]
 
 
 def _merged(lists: list[list[_Found]]) -> list[_Found]:
@@ -359,8 +370,7 @@ def _search_owner(session: Session, owner: int, ann: bool, model: str, query: st
             return []
         embedder = previous
     cut = match_distance(embedder, max_distance)
-    if ann:
-        found = _hnsw(session, owner, vector, k, model, tsquery, cut)
-        if found is not None:  # ready: every row is ``ann``; short: topped up exactly
-            return found
-    return _exact(session, owner, vector, k, model, tsquery, cut)
+    found = _hnsw(session, owner, vector, k, model, tsquery, cut) if ann else None
+    if found is None:  # not ready, or short: topped up exactly
+        found = _exact(session, owner, vector, k, model, tsquery, cut)
+    return _labelled(found, embedder)
