@@ -252,7 +252,8 @@ def test_a_chunk_with_nothing_to_search_on_is_never_a_hit(db_session, ann):
     db_session.execute(insert(MemoryChunk), [{
         "user_id": user.id, "source_key": "xmemo.saved", "source_id": "zero",
         "chunk_index": 0, "content_hash": "z" * 64, "content": "!!!",
-        "embedding": np.zeros(EMBEDDING_DIMENSIONS, dtype=np.float32), "embedding_model": "random", "ann": ann}])
+        "embedding": np.zeros(EMBEDDING_DIMENSIONS, dtype=np.float32),
+        "embedding_model": "random", "ann": ann}])
     if ann:
         mark_ann_ready(db_session, user.id)
     hits = search_memory(db_session, user.id, "anything", 10, embedder=RandomQuery(rng))
