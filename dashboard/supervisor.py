@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -38,6 +39,16 @@ ACCESS_LOG_FORMAT = '%(h)s %(t)s "%(m)s %(U)s %(H)s" %(s)s %(b)s %(M)sms'
 
 def _say(message: str) -> None:
     print(f"==> {message}", flush=True)
+
+
+def _healthy(host: str, port: str) -> bool:
+    """Whether the web server answers /healthz "ok": its workers hold the model."""
+    probe = "127.0.0.1" if host in ("0.0.0.0", "") else host.strip("[]")
+    try:
+        with urllib.request.urlopen(f"http://{probe}:{port}/healthz", timeout=2) as answer:
+            return answer.status == 200
+    except (OSError, ValueError):
+        return False
 
 
 def _spawn(args: list[str]) -> subprocess.Popen:
@@ -201,10 +212,17 @@ def main() -> int:
         children[0].start()
         _say(f"web on http://{host}:{port}")
         children[1].start()
+        ready, probed = False, 0.0
         while True:
             if not _watch(children, binding):
                 status = 1
                 raise _Stop
+            if not ready and time.monotonic() - probed >= 1.0:
+                # Said once, when a search needs no model load (the workers warm first).
+                probed = time.monotonic()
+                if _healthy(host, port):
+                    ready = True
+                    _say(f"ready: http://{host}:{port}")
             time.sleep(0.2)
     except _Stop:
         pass

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, jsonify, redirect, render_template, request, url_for
+from flask import Blueprint, current_app, jsonify, redirect, render_template, request, url_for
 from flask_login import current_user
 from sqlalchemy import text
 
 from dashboard.extensions import db
 from dashboard.forms import same_site_path
+from dashboard.memory import embedder_loaded, warm_in_background
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.web import resolution_of
 from dashboard.queues import redis_client
@@ -64,10 +65,16 @@ def _redis() -> None:
 @bp.route("/healthz")
 def healthz():
     """For load balancers and people: each component answers, or 503 naming the ones
-    that do not."""
+    that do not; "warming" (503 too) while this process loads the embedding model, which
+    the run command's web workers do before they serve."""
     components = {"postgres": _check(_postgres), "redis": _check(_redis)}
-    down = [name for name, state in components.items() if state != "ok"]
-    body = {"status": "ok" if not down else "unavailable", "components": components}
+    setting = current_app.config["EMBEDDER"]
+    components["embedder"] = "ok" if embedder_loaded(setting) else "warming"
+    if components["embedder"] == "warming":
+        warm_in_background(setting)
+    down = [name for name in ("postgres", "redis") if components[name] != "ok"]
+    status = "unavailable" if down else components["embedder"]
+    body = {"status": status, "components": components}
     if down:
         body["unavailable"] = down
-    return jsonify(body), 503 if down else 200
+    return jsonify(body), 200 if status == "ok" else 503

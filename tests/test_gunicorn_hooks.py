@@ -1,25 +1,37 @@
-"""The web workers' warm-up (``dashboard/gunicorn_hooks.py``): a failure is logged by kind
-while the worker serves, and is no news when the worker is stopping under it."""
+"""The web workers' warm-up (``dashboard/gunicorn_hooks.py``): a worker holds the model
+before it serves, loaded once; a failure is logged by kind, never by its text."""
 
 from __future__ import annotations
 
 import logging
 from types import SimpleNamespace
 
-from dashboard.gunicorn_hooks import _warm
+import pytest
 
-BROKEN = SimpleNamespace(config={"EMBEDDER": "tests.factories:NoSuchEmbedder"})
+from dashboard.gunicorn_hooks import post_worker_init
+from dashboard.memory import embedders
 
 
-def test_a_failed_warm_up_of_a_serving_worker_is_logged_by_kind(caplog):
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """This process as a web worker that has loaded no model yet."""
+    monkeypatch.setattr(embedders, "_EMBEDDERS", {})
+    monkeypatch.setattr(embedders, "_LOADS", {})
+
+
+def test_a_worker_loads_the_model_once_before_it_serves(fresh_process):
+    worker = SimpleNamespace(wsgi=SimpleNamespace(config={"EMBEDDER": "hashing"}))
+    post_worker_init(worker)
+    assert embedders.embedder_loaded("hashing")
+    embedders.get_embedder("hashing").embed(["the first search"])  # as a request would
+    assert embedders.embedder_loads("hashing") == 1
+
+
+def test_a_failed_warm_up_is_logged_by_kind(fresh_process, caplog):
+    broken = SimpleNamespace(wsgi=SimpleNamespace(
+        config={"EMBEDDER": "tests.factories:NoSuchEmbedder"}))
     with caplog.at_level(logging.WARNING, logger="dashboard.gunicorn_hooks"):
-        _warm(BROKEN, SimpleNamespace(alive=True))
+        post_worker_init(broken)
     (record,) = caplog.records
     assert record.getMessage().startswith("embedder warm-up failed: ")
     assert "NoSuchEmbedder" not in record.getMessage()  # the kind, not the text
-
-
-def test_a_warm_up_cut_short_by_the_workers_stop_says_nothing(caplog):
-    with caplog.at_level(logging.WARNING, logger="dashboard.gunicorn_hooks"):
-        _warm(BROKEN, SimpleNamespace(alive=False))
-    assert caplog.records == []

@@ -25,6 +25,7 @@ from dashboard import create_app
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.extensions import db
+from dashboard.memory import embedders, get_embedder
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.models import Plan
 from dashboard.security import (
@@ -35,6 +36,7 @@ from dashboard.security import (
     UNREADABLE,
 )
 from tests.conftest import CSRF_RE, csrf_from, make_test_config
+from tests.embedded.procs import wait_until
 from tests.factories import PASSWORD, make_plan, make_user
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -144,11 +146,25 @@ def test_json_nested_past_the_parser_is_a_400_on_any_endpoint(client):
     assert TOO_DEEP in response.get_data(as_text=True)
 
 
-def test_healthz_reports_each_component(client):
+def test_healthz_reports_each_component(client, app):
+    get_embedder(app.config["EMBEDDER"])  # as a web worker of the run command has
     response = client.get("/healthz")
     assert response.status_code == 200
-    assert response.get_json() == {"status": "ok",
-                                   "components": {"postgres": "ok", "redis": "ok"}}
+    assert response.get_json() == {"status": "ok", "components": {
+        "postgres": "ok", "redis": "ok", "embedder": "ok"}}
+
+
+def test_healthz_says_warming_until_this_process_holds_the_model(client, app, monkeypatch):
+    monkeypatch.setattr(embedders, "_EMBEDDERS", {})
+    monkeypatch.setattr(embedders, "_LOADS", {})
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.get_json() == {"status": "warming", "components": {
+        "postgres": "ok", "redis": "ok", "embedder": "warming"}}
+    # It asked for the load, in the background: the next check finds it done.
+    assert wait_until(lambda: embedders.embedder_loaded(app.config["EMBEDDER"]), timeout=30)
+    assert client.get("/healthz").status_code == 200
+    assert embedders.embedder_loads(app.config["EMBEDDER"]) == 1
 
 
 @pytest.mark.parametrize("broken, setting, url", [
@@ -165,7 +181,8 @@ def test_healthz_is_503_naming_the_component_that_is_down(app, broken, setting, 
     body = response.get_json()
     assert body["status"] == "unavailable" and body["unavailable"] == [broken]
     working = ({"postgres", "redis"} - {broken}).pop()
-    assert body["components"] == {broken: "unavailable", working: "ok"}
+    assert {k: body["components"][k] for k in ("postgres", "redis")} == \
+        {broken: "unavailable", working: "ok"}
     text = response.get_data(as_text=True)
     assert "nobody" not in text  # never the URL
     assert not re.search(r"Error|Exception|Timeout|\(", text)  # nor the exception's class

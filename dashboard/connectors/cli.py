@@ -13,6 +13,7 @@ from flask.cli import with_appcontext
 
 from dashboard.connectors.mcp import build_server, from_api_key
 from dashboard.memories.models import MEMORY_SOURCES
+from dashboard.memory import get_embedder
 
 KEY_VARIABLE = "ORBITPILOT_API_KEY"
 
@@ -37,4 +38,6 @@ def stdio(source: str) -> None:
     # stdout is the protocol: every log line goes to stderr.
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, force=True)
     principal = from_api_key(raw, source=source)
+    # The model loads (and runs once) before the session starts, not at its first search.
+    get_embedder(current_app.config["EMBEDDER"]).embed(["warm up"])
     build_server(current_app._get_current_object(), principal).run("stdio")

