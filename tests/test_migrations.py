@@ -130,7 +130,7 @@ def test_0016_marks_ready_the_users_whose_rows_are_all_ann(scratch_app):
             ready = dict(conn.execute(text("SELECT user_id, ann_ready FROM memory_states")).all())
             # 0023 widened the column: each row padded with zeros, its cosines unchanged.
             widened = conn.scalars(text("SELECT embedding::real[] FROM memory_chunks")).all()
-            assert {len(v) for v in widened} == {512}
+            assert {len(v) for v in widened} == {896}
             assert all(v[:384] == [0.1] * 384 and not any(v[384:]) for v in
                        [[round(x, 6) for x in row] for row in widened])
         assert [ready[u] for u in users] == [True, False, False]

@@ -42,6 +42,12 @@ def _identifier(word: str, cased: bool) -> bool:
     return cased and any(c.isupper() for c in word[1:])
 
 
+def names_a_code(terms: list[str]) -> bool:
+    """Whether a term is a code or identifier, not only a name: a chunk holding "BL-422"
+    answers a question about it, one holding "Heron" may be about something else."""
+    return any(_identifier(term, True) for term in terms)
+
+
 def lexical_terms(query: str) -> list[str]:
     """The query's names, codes and identifiers, in order, each once: identifiers
     (``_identifier``), a capitalised word that does not begin a sentence ("Heron" in

@@ -29,7 +29,9 @@ from dashboard.sources import CHAT_HISTORY
 if TYPE_CHECKING:
     from dashboard.auth.models import User
 
-EMBEDDING_DIMENSIONS = 512
+# The multilingual default's width (USE's 512 beside MiniLM's 384); a narrower model's rows
+# are padded with zeros (no cosine changes).
+EMBEDDING_DIMENSIONS = 896
 # The conversation a chat chunk belongs to (``source_id`` is "<conversation>:<pair>"),
 # spelled exactly as its index is, so the planner matches the two.
 CHAT_PART = "(split_part(source_id, ':', 1)::integer)"

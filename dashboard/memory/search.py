@@ -35,11 +35,12 @@ from sqlalchemy.orm import Session
 
 from dashboard.memory.embedders import (
     Embedder,
+    QueryVector,
     RecallCut,
+    embed_query,
     embedder_for_model,
-    match_distance,
 )
-from dashboard.memory.lexical import lexical_terms, tsquery_text
+from dashboard.memory.lexical import lexical_terms, names_a_code, tsquery_text
 from dashboard.memory.models import MemoryChunk, MemoryState
 from dashboard.refusals import Refusal
 
@@ -273,28 +274,30 @@ def search_memory(session: Session, owner_ids: int | Sequence[int], query: str, 
     direction is refused (``NothingToSearch``); distances are finite."""
     k = max(1, min(int(k), 100))
     owners = [owner_ids] if isinstance(owner_ids, int) else list(dict.fromkeys(owner_ids))
-    vector = embedder.embed([query])[0]
+    asked = embed_query(embedder, query, max_distance)
+    vector = asked.vector
     if not vector.any() or not np.isfinite(vector).all():
         raise NothingToSearch()
     terms = lexical_terms(query) if hybrid else []
     tsquery = tsquery_text(terms) if terms else None
     plain, special = _search_plain(session, owners, vector, k, embedder.name, tsquery,
-                                   match_distance(embedder, max_distance))
-    lists = [_labelled(plain, embedder)]
+                                   asked.match_distance)
+    codes = names_a_code(terms)
+    lists = [_labelled(plain, asked.sure_distance, codes)]
     for owner, ann, model in special:
-        lists.append(_search_owner(session, owner, ann, model, query, vector, k, embedder,
-                                   max_distance, tsquery))
+        lists.append(_search_owner(session, owner, ann, model, query, asked, k, embedder,
+                                   max_distance, tsquery, codes))
     return [found.hit for found in _merged(lists)[:k]]
 
 
-def _labelled(found: list[_Found], embedder: Embedder) -> list[_Found]:
-    """Each hit's relevance: ``relevant`` within the embedder's sure distance or holding a
-    term of the query, ``possibly_related`` between that and the cut (an embedder without
-    a sure distance is sure of whatever its cut keeps)."""
-    sure = getattr(embedder, "sure_distance", None)
+def _labelled(found: list[_Found], sure: float | None, codes: bool) -> list[_Found]:
+    """Each hit's relevance: ``relevant`` within the sure distance, or holding a term of a
+    query that names a code (``names_a_code``); ``possibly_related`` between that and the
+    cut, a chunk holding only a name of the query too (no sure distance: sure of whatever
+    the cut keeps)."""
     if sure is None:
         return found
-    return [f if f.lexical is not None or f.hit.distance <= sure
+    return [f if (codes and f.lexical is not None) or f.hit.distance <= sure
             else replace(f, hit=replace(f.hit, relevance=POSSIBLY_RELATED)) for f in found]
 
 
@@ -357,20 +360,19 @@ def _search_plain(session: Session, owners: list[int], vector: np.ndarray, k: in
 
 
 def _search_owner(session: Session, owner: int, ann: bool, model: str, query: str,
-                  vector: np.ndarray, k: int, embedder: Embedder, max_distance: RecallCut,
-                  tsquery: str | None) -> list[_Found]:
+                  asked: QueryVector, k: int, embedder: Embedder, max_distance: RecallCut,
+                  tsquery: str | None, codes: bool) -> list[_Found]:
     """One owner the plain statement left out: the HNSW path, or an old model's (whose
     distances its own cut judges)."""
     if model != embedder.name:
         previous = embedder_for_model(model)
         if previous is None:
             return []
-        vector = previous.embed([query])[0]
-        if not vector.any() or not np.isfinite(vector).all():
+        asked = embed_query(previous, query, max_distance)
+        if not asked.vector.any() or not np.isfinite(asked.vector).all():
             return []
-        embedder = previous
-    cut = match_distance(embedder, max_distance)
+    vector, cut = asked.vector, asked.match_distance
     found = _hnsw(session, owner, vector, k, model, tsquery, cut) if ann else None
     if found is None:  # not ready, or short: topped up exactly
         found = _exact(session, owner, vector, k, model, tsquery, cut)
-    return _labelled(found, embedder)
+    return _labelled(found, asked.sure_distance, codes)

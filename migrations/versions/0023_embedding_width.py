@@ -1,5 +1,5 @@
-"""The embedding column widens from 384 to 512 dimensions, so the multilingual default
-(Universal Sentence Encoder multilingual v3, 512) and MiniLM (384) share it: a narrower
+"""The embedding column widens from 384 to 896 dimensions for the multilingual default
+(Universal Sentence Encoder multilingual v3's 512 beside MiniLM's 384): a narrower
 model's rows are padded with zeros, which changes no cosine distance, so every stored
 chunk stays valid and is searched as before until a model change re-embeds it. Rewrites
 ``memory_chunks`` and rebuilds the partial HNSW index: minutes on a large deployment."""
@@ -29,12 +29,12 @@ def _width(old: int, new: int) -> None:
 
 
 def upgrade():
-    _width(384, 512)
+    _width(384, 896)
 
 
 def downgrade():
-    # A 512-wide model's chunks cannot be narrowed: they go, and their owners' next build
+    # A wider model's chunks cannot be narrowed: they go, and their owners' next build
     # embeds them again in the model configured then.
     op.execute("DELETE FROM memory_chunks WHERE embedding_model NOT IN "
                "('all-MiniLM-L6-v2', 'hashing-v1')")
-    _width(512, 384)
+    _width(896, 384)

@@ -33,7 +33,7 @@ def test_the_vectors_are_the_librarys(minilm):
     padded = minilm.embed(texts)
     assert minilm.name == "all-MiniLM-L6-v2"  # stored chunks stay valid
     # Zeros beyond its 384 dimensions, to the column's width: no cosine changes.
-    assert padded.shape == (len(texts), 512) and not padded[:, 384:].any()
+    assert padded.shape == (len(texts), 896) and not padded[:, 384:].any()
     got = padded[:, :384]
     assert got.shape == expected.shape == (len(texts), 384) and got.dtype == np.float32
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
@@ -47,7 +47,7 @@ def test_a_text_gets_the_same_vector_alone_or_padded_in_a_batch(minilm):
     texts = REFERENCE["texts"][:-1]  # the 256-token one would pad all of them to it
     alone = np.vstack([minilm.embed([text]) for text in texts])
     assert np.abs(alone - minilm.embed(texts)).max() < 1e-5
-    assert minilm.embed([]).shape == (0, 512)
+    assert minilm.embed([]).shape == (0, 896)
 
 
 @requires_ml

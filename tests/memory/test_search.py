@@ -409,11 +409,11 @@ def test_on_the_hnsw_path_the_words_are_read_through_their_gin_index(db_session)
 
 @requires_ml
 def test_an_identifier_the_vectors_miss_is_found_by_its_words(db_session, count_queries):
-    """MiniLM puts the locker's memory beyond the cut from a question about BL-422 (its
-    other words mean nothing alike): the vectors alone answer without it. Hybrid recall
-    finds it first, in one statement, as matched by its words; the memory about an
-    outcome that names no code stays out."""
-    from dashboard.memory.embedders import MiniLMEmbedder, get_embedder
+    """MiniLM puts the locker's memory far from a question about BL-422 (its other words
+    mean nothing alike): beyond a cut of 0.8, the vectors alone answer without it. Hybrid
+    recall finds it first, in one statement, as matched by its words, and sure of it (a
+    code); the memory about an outcome, near enough to show, is only possibly related."""
+    from dashboard.memory.embedders import get_embedder
 
     embedder = get_embedder("minilm")
     locker = "Locker BL-422 at the gym holds my spare running shoes."
@@ -421,7 +421,7 @@ def test_an_identifier_the_vectors_miss_is_found_by_its_words(db_session, count_
                                       "Prefers aisle seats on long flights.",
                                       "The quarterly tax filing is due in April."])
     run_memory_build(user, "quick", session=db_session, embedder=embedder)
-    query, cut = "what was the outcome with BL-422", MiniLMEmbedder.match_distance
+    query, cut = "what was the outcome with BL-422", 0.8
     everything = search_memory(db_session, user.id, query, 10, embedder=embedder,
                                hybrid=False)
     assert {h.content: h.distance for h in everything}[locker] > cut
@@ -431,7 +431,10 @@ def test_an_identifier_the_vectors_miss_is_found_by_its_words(db_session, count_
         hits = search_memory(db_session, user.id, query, 3, embedder=embedder,
                              max_distance=cut)
     assert q.count == 1
-    assert [(h.content, h.match) for h in hits] == [(locker, "lexical")]
+    assert (hits[0].content, hits[0].match, hits[0].relevance) == \
+        (locker, "lexical", "relevant")
+    # The outcome's memory is near enough to show, not to be sure of.
+    assert {(h.match, h.relevance) for h in hits[1:]} <= {("semantic", "possibly_related")}
 
 
 def test_a_team_on_the_hnsw_path_is_fused_in_with_the_persons_hits(db_session):
