@@ -35,7 +35,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dashboard.memory.embedders import get_embedder, minilm_available  # noqa: E402
+from dashboard.memory.embedders import (  # noqa: E402
+    OWN_CUT,
+    get_embedder,
+    minilm_available,
+)
 
 DATA = Path(__file__).resolve().parent / "data"
 SET = DATA / "recall_set.json"
@@ -129,9 +133,16 @@ def returned_scores(ranks: list[int]) -> tuple[float, float, float, float]:
 
 
 def scored(queries: list[dict], returned: list[list[str]], uncut: list[list[str]],
-           lexical: int = 0, refused: int = 0) -> dict:
-    """One row of results: what each query got back (ids, best first; [] = "no match") and
-    what it would have got without the cut."""
+           lexical: int = 0, refused: int = 0,
+           relevant: list[list[str]] | None = None) -> dict:
+    """One row of results: what each query got back (ids, best first) and what it would
+    have got without the cut; ``relevant``: those of its hits labelled relevant (the rest
+    possibly related). A never-saved question is answered "no match" when none was (what
+    came back is shown as possibly related), "empty" when nothing came back at all;
+    ``answers_sure``: the share of answerable questions whose right memory is labelled
+    relevant."""
+    relevant = returned if relevant is None else relevant
+    sure = [bool(r) for r in relevant]
     answered = [i for i, q in enumerate(queries) if q["answers"]]
     unanswered = [i for i, q in enumerate(queries) if not q["answers"]]
     ranks = [first_right_rank(returned[i], queries[i]["answers"]) for i in answered]
@@ -140,27 +151,41 @@ def scored(queries: list[dict], returned: list[list[str]], uncut: list[list[str]
                               for i in answered])[1]
     by_lang: dict[str, list[bool]] = {}
     for i in unanswered:
-        by_lang.setdefault(queries[i].get("lang", "en"), []).append(not returned[i])
+        by_lang.setdefault(queries[i].get("lang", "en"), []).append(not sure[i])
     return {"recall@1": at1, "recall@3": at3, "recall@10": at10, "mrr": mrr,
             "recall@3_uncut": uncut3,
-            "no_match": float(np.mean([not returned[i] for i in unanswered]))
+            "no_match": float(np.mean([not sure[i] for i in unanswered]))
             if unanswered else float("nan"),
+            "empty": float(np.mean([not returned[i] for i in unanswered]))
+            if unanswered else float("nan"),
+            "answers_sure": float(np.mean([
+                first_right_rank(relevant[i], queries[i]["answers"]) > 0
+                for i in answered])) if answered else float("nan"),
             "no_match_by_lang": {lang: float(np.mean(v)) for lang, v in sorted(by_lang.items())},
             "lexical": lexical, "refused": refused}
 
 
-def in_memory(embedder, data: dict, cut: float | None) -> tuple[dict, dict]:
+def in_memory(embedder, data: dict, cut) -> tuple[dict, dict]:
     """The vectors alone, in memory (what an exact scan with hybrid off returns): the row of
-    results at ``cut``, and what the old report and sweep need (distances of the top hit and
-    of the first right memory, uncut ranks)."""
+    results at ``cut`` (OWN_CUT: each query judged as the product judges it), and what the
+    old report and sweep need (distances of the top hit and of the first right memory,
+    uncut ranks)."""
+    from dashboard.memory.embedders import embed_query
+
     memories, queries = data["memories"], data["queries"]
     ids = [m["id"] for m in memories]
-    distances = 1.0 - embedder.embed([q["text"] for q in queries]) @ \
-        embedder.embed([m["text"] for m in memories]).T  # cosine distance, as pgvector's <=>
+    asked = [embed_query(embedder, q["text"], cut) for q in queries]
+    # cosine distance, as pgvector's <=>
+    distances = 1.0 - np.stack([a.vector for a in asked]) @ \
+        embedder.embed([m["text"] for m in memories]).T
     order = np.argsort(distances, axis=1, kind="stable")[:, :K]
     uncut = [[ids[j] for j in row] for row in order]
-    returned = [[ids[j] for j in row if cut is None or distances[i, j] <= cut]
-                for i, row in enumerate(order)]
+    kept = [[j for j in row if a.match_distance is None or distances[i, j] <= a.match_distance]
+            for i, (row, a) in enumerate(zip(order, asked, strict=True))]
+    returned = [[ids[j] for j in row] for row in kept]
+    relevant = [[ids[j] for j in row
+                 if a.sure_distance is None or distances[i, j] <= a.sure_distance]
+                for i, (row, a) in enumerate(zip(kept, asked, strict=True))]
     answered = [i for i, q in enumerate(queries) if q["answers"]]
     full = np.argsort(distances, axis=1, kind="stable")
     ranks = [next(r for r, j in enumerate(full[i], 1) if ids[j] in set(queries[i]["answers"]))
@@ -173,7 +198,7 @@ def in_memory(embedder, data: dict, cut: float | None) -> tuple[dict, dict]:
         "unanswered_top": [float(distances[i, full[i][0]]) for i, q in enumerate(queries)
                            if not q["answers"]],
     }
-    return scored(queries, returned, uncut), detail
+    return scored(queries, returned, uncut, relevant=relevant), detail
 
 
 def at_threshold(detail: dict, threshold: float) -> tuple[float, float]:
@@ -317,7 +342,7 @@ def through_search(setting: str, embedder, sets: list[dict], cut: float | None) 
                 for hybrid in (False, True):
                     runs = {}
                     for max_distance in (cut, None):
-                        returned, lexical, refused = [], 0, 0
+                        returned, relevant, lexical, refused = [], [], 0, 0
                         for query in queries:
                             try:
                                 hits = search_memory(session, user_id, query["text"], K,
@@ -327,10 +352,12 @@ def through_search(setting: str, embedder, sets: list[dict], cut: float | None) 
                                 hits, refused = [], refused + 1
                             lexical += sum(h.match != "semantic" for h in hits)
                             returned.append([h.source_id for h in hits])
-                        runs[max_distance] = returned, lexical, refused
-                    returned, lexical, refused = runs[cut]
+                            relevant.append([h.source_id for h in hits
+                                             if h.relevance == "relevant"])
+                        runs[max_distance] = returned, relevant, lexical, refused
+                    returned, relevant, lexical, refused = runs[cut]
                     results[f"{data['name']}/{'on' if hybrid else 'off'}"] = scored(
-                        queries, returned, runs[None][0], lexical, refused)
+                        queries, returned, runs[None][0], lexical, refused, relevant)
             session.rollback()
             db.engine.dispose()
     finally:
@@ -342,8 +369,7 @@ def worker(args: argparse.Namespace) -> None:
     """One embedder, measured and run over the sets, its results as JSON in ``--out``."""
     result = {"resources": resources(args.worker, args.pairs)}
     embedder = Remembered(get_embedder(args.worker))
-    cut = args.threshold if args.threshold is not None else \
-        getattr(embedder, "match_distance", None)
+    cut = args.threshold if args.threshold is not None else OWN_CUT
     sets = [load_set(name, path) for name, path in selected_sets(args.sets).items()]
     rows, sweeps = {}, {}
     for data in sets:
@@ -418,7 +444,8 @@ def report(sets: list[dict], results: dict[str, dict], no_db: bool, sweep_on: bo
           f"{'texts/s':>8}  {'RSS':<22} installed by loading (MB)")
     for setting, result in results.items():
         res = result["resources"]
-        cut = "none" if result["cut"] is None else f"{result['cut']:.2f}"
+        cut = "none" if result["cut"] is None else result["cut"] if \
+            isinstance(result["cut"], str) else f"{result['cut']:.2f}"
         rss = (f"{megabytes(res['rss_before_kb'])} / {megabytes(res['rss_loaded_kb'])} / "
                f"{megabytes(res['rss_after_kb'])}, {megabytes(res['rss_peak_kb'])}")
         packages = ", ".join(f"{name} {size / 2**20:,.1f}" for name, size in res["packages"]) \
@@ -431,12 +458,14 @@ def report(sets: list[dict], results: dict[str, dict], no_db: bool, sweep_on: bo
 
     modes = ["mem"] if no_db else ["off", "on"]
     print(f"\nresults (k {K}; a memory counts only if search returns it, after the cut; "
-          "no-match: share of never-saved questions answered with nothing; r@3 uncut: "
-          "recall@3 before the cut; "
+          "no-match: share of never-saved questions given nothing labelled relevant; "
+          "empty: given nothing at all; sure: share of answerable questions whose right "
+          "memory is labelled relevant; r@3 uncut: recall@3 before the cut; "
           + ("mem: the vectors in memory, no database)" if no_db else
              "hybrid off/on: search_memory on the real database)"))
     header = (f"  {'set':<14} {'embedder':<{width}} {'hybrid':<6} {'r@1':>5} {'r@3':>5} "
-              f"{'r@10':>5} {'MRR':>5} {'no-match':>8} {'r@3 uncut':>9} {'words':>5}  "
+              f"{'r@10':>5} {'MRR':>5} {'no-match':>8} {'empty':>5} {'sure':>5} "
+              f"{'r@3 uncut':>9} {'words':>5}  "
               "goal r@3 / no-match")
     for data in sets:
         goal = RECALL3_GOAL.get(data["lang"], RECALL3_GOAL["en"])
@@ -456,7 +485,8 @@ def report(sets: list[dict], results: dict[str, dict], no_db: bool, sweep_on: bo
                 refused = f"  refused {row['refused']}" if row["refused"] else ""
                 print(f"  {data['name']:<14} {setting:<{width}} {mode:<6} {row['recall@1']:5.2f} "
                       f"{row['recall@3']:5.2f} {row['recall@10']:5.2f} {row['mrr']:5.2f} "
-                      f"{row['no_match']:8.0%} {row['recall@3_uncut']:9.2f} "
+                      f"{row['no_match']:8.0%} {row['empty']:5.0%} {row['answers_sure']:5.0%} "
+                      f"{row['recall@3_uncut']:9.2f} "
                       f"{row['lexical'] if mode != 'mem' else '-':>5}  "
                       f"≥{goal:.2f} {goal_mark(row['recall@3'], goal)} / "
                       f"≥{NO_MATCH_GOAL:.0%} {goal_mark(worst, NO_MATCH_GOAL)}{split}{refused}")
