@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, select
 
 from dashboard.extensions import db
-from dashboard.orbitpilot import services
+from dashboard.orbitpilot import chat_memory, replies
 from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.openai_responder import (
     FLAGGED_TURNS,
@@ -368,7 +368,7 @@ def test_the_honesty_note_comes_with_the_reply_when_chat_is_not_remembered(
         client, auth, db_session, use_openai):
     user = make_user(db_session, plan=make_plan(db_session, cap=4,
                                                 assignments={CHAT_HISTORY: False}))
-    expected = services.get_chat_memory(user, plans_of(db_session)).honesty_note
+    expected = chat_memory.get_chat_memory(user, plans_of(db_session)).honesty_note
     assert expected  # this plan does not remember chat history
     auth.login(user.email)
     body = ask(client, "Will you remember this?")
@@ -428,7 +428,7 @@ def test_a_failing_server_is_the_could_not_answer_refusal(app, client, signed_in
     caplog.set_level(logging.DEBUG)
     response = send(client, "Where is the xyzzy-ledger kept?")
     assert response.status_code == 502
-    assert response.get_json()["detail"] == services.NO_ANSWER
+    assert response.get_json()["detail"] == replies.NO_ANSWER
     assert message_count(db_session, signed_in.id) == 0
     assert len(use_openai.requests) == (0 if failure == "closed-port" else 1)
     assert "xyzzy" not in caplog.text and "sk-never-logged" not in caplog.text
@@ -440,7 +440,7 @@ def test_a_missing_setting_is_the_refusal_too(app, client, signed_in, monkeypatc
     monkeypatch.setitem(app.config, "ORBITPILOT_OPENAI_BASE_URL", None)
     response = send(client, "hello?")
     assert response.status_code == 502
-    assert response.get_json()["detail"] == services.NO_ANSWER
+    assert response.get_json()["detail"] == replies.NO_ANSWER
     assert use_openai.requests == []
 
 
@@ -505,7 +505,7 @@ def test_a_stream_cut_off_midway_is_an_error_event_and_stores_nothing(
     use_openai.mode = "truncated"
     response, events = streamed(client, "Where is the ledger?")
     assert response.status_code == 200
-    assert events[-1] == ("error", {"status": 502, "detail": services.NO_ANSWER})
+    assert events[-1] == ("error", {"status": 502, "detail": replies.NO_ANSWER})
     assert {name for name, _ in events[:-1]} <= {"delta"}
     assert message_count(db_session, signed_in.id) == 0
 

@@ -18,9 +18,10 @@ from dashboard.exports import DataExport, build_export, request_export
 from dashboard.memories import reach as reached
 from dashboard.memories.services import SCOPE_FOR_OPERATION, forget_memory
 from dashboard.memory import get_embedder
+from dashboard.orbitpilot.conversations import conversation_messages
 from dashboard.orbitpilot.models import Message, ReplyRecall
+from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import BuiltinResponder
-from dashboard.orbitpilot.services import conversation_messages, send_message
 from dashboard.sources import SAVED
 from dashboard.teams import services as teams
 from tests.factories import build, make_connection, make_key, make_plan, make_team, make_user
