@@ -31,5 +31,6 @@ def memory_hits(session: Session, reach: Reach | int, query: str, *, embedder: E
         out.append(MemoryHit(
             h.source_key, get_source(h.source_key).label if h.source_key in source_keys()
             else h.source_key, h.source_id, h.content, float(h.distance), h.chunk_id,
-            owner_id=h.owner_id or reach.user_id, team=seat.name if seat else None))
+            owner_id=h.owner_id or reach.user_id, team=seat.name if seat else None,
+            relevance=h.relevance))
     return tuple(out)

@@ -27,6 +27,7 @@ from dashboard.orbitpilot.openai_responder import (
     stream_chat_completion,
 )
 from dashboard.orbitpilot.responder import (
+    NOTHING_RELEVANT,
     BuiltinResponder,
     MemoryHit,
     ResponderContext,
@@ -496,7 +497,7 @@ def test_the_builtin_reply_streams_too(client, signed_in, db_session):
     response, events = streamed(client, "Hello there")
     assert [name for name, _ in events][-1] == "done"
     text = "".join(data["text"] for name, data in events if name == "delta").strip()
-    assert text == events[-1][1]["reply"]["content"] and text.startswith("You said:")
+    assert text == events[-1][1]["reply"]["content"] and text == NOTHING_RELEVANT
     assert message_count(db_session, signed_in.id) == 2
 
 
