@@ -14,6 +14,7 @@ from dashboard.audit.services import Actor, changes, record_event
 from dashboard.blinks.models import Blink
 from dashboard.blinks.services import MAX_TITLE as BLINK_MAX_TITLE
 from dashboard.blinks.services import BlinkError, create_blink
+from dashboard.demotions import Item
 from dashboard.ids import find_owned
 from dashboard.orbitpilot.conversations import (
     ChatError,
@@ -80,7 +81,8 @@ class NotRelevant:
 
 
 def mark_not_relevant(session: Session, *, user_id: int, recall_id: Any) -> NotRelevant:
-    """The owner says one item did not bear on a reply: it leaves that reply's list."""
+    """The owner says one item did not bear on a reply: it leaves that reply's list, and
+    ranks last in their later searches (``not_relevant_items``)."""
     recall = find_owned(session, ReplyRecall, recall_id, user_id, lock=True, bits=64)
     if recall is None:
         raise ChatNotFound("There is no such item under a reply.")
@@ -89,6 +91,16 @@ def mark_not_relevant(session: Session, *, user_id: int, recall_id: Any) -> NotR
     conversation_id = session.scalar(select(Message.conversation_id)
                                      .where(Message.id == recall.message_id))
     return NotRelevant(recall.id, recall.message_id, conversation_id)
+
+
+def not_relevant_items(session: Session, user_id: int) -> frozenset[Item]:
+    """Every item the person marked not relevant under any reply, as (whose memory,
+    source, item id): what their later searches demote (``dashboard.demotions``)."""
+    rows = session.execute(
+        select(ReplyRecall.owner_id, ReplyRecall.source_key, ReplyRecall.source_id)
+        .where(ReplyRecall.user_id == user_id, ReplyRecall.not_relevant.is_(True))
+        .distinct())
+    return frozenset((owner, key, item) for owner, key, item in rows)
 
 
 # -- Catch: a reply saved as a Blink -----------------------------------------------------

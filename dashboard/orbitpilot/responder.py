@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
+from dashboard.demotions import RELEVANT
+
 DEFAULT_RESPONDER = "dashboard.orbitpilot.responder.BuiltinResponder"
 # How many memory chunks a signed-in user's reply may draw on.
 DEFAULT_MEMORY_K = 3
 QUOTE_CHARS = 160
-# The engine's relevance labels (``dashboard.memory.search``; its front door does not
-# name them).
-RELEVANT, POSSIBLY_RELATED = "relevant", "possibly_related"
 
 
 @dataclass(frozen=True)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from dashboard.demotions import POSSIBLY_RELATED, RELEVANT
 from dashboard.memory import get_embedder, search
 from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import (
     EN,
     FR,
     NOTHING_RELEVANT,
-    POSSIBLY_RELATED,
-    RELEVANT,
     ZH,
     BuiltinResponder,
     MemoryHit,
