@@ -5,7 +5,6 @@ it; the ``ORBITPILOT_OPENAI_*`` settings say where and which model."""
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
@@ -36,25 +35,22 @@ class OpenAISettings:
         return self.base_url.rstrip("/") + "/chat/completions"
 
 
-def current_settings(config: Mapping[str, Any] | None = None) -> OpenAISettings:
-    """The settings out of ``config`` (the app's, which the chat's edge hands over), or the
-    environment when there is none."""
-    source: Mapping[str, Any] = os.environ if config is None else config
-
-    def _setting(name: str) -> Any:
-        return source.get(name)
-
-    base_url = (_setting("ORBITPILOT_OPENAI_BASE_URL") or "").strip()
-    model = (_setting("ORBITPILOT_OPENAI_MODEL") or "").strip()
+def current_settings(config: Mapping[str, Any] | None) -> OpenAISettings:
+    """The settings out of ``config``: the app's (``dashboard.config`` read and checked
+    them at start), which the chat's edge hands over. None, or no server or model named:
+    no answer (the chat's refused reply)."""
+    if config is None:
+        raise OpenAIResponderError("no settings were handed to the responder")
+    base_url = (config.get("ORBITPILOT_OPENAI_BASE_URL") or "").strip()
+    model = (config.get("ORBITPILOT_OPENAI_MODEL") or "").strip()
     if not base_url or not model:
         raise OpenAIResponderError("ORBITPILOT_OPENAI_BASE_URL and ORBITPILOT_OPENAI_MODEL "
                                    "must both be set")
-    raw_timeout = _setting("ORBITPILOT_OPENAI_TIMEOUT")
-    timeout = float(raw_timeout) if raw_timeout not in (None, "") else DEFAULT_TIMEOUT
+    timeout = config.get("ORBITPILOT_OPENAI_TIMEOUT") or DEFAULT_TIMEOUT
     if timeout <= 0:
         raise OpenAIResponderError("ORBITPILOT_OPENAI_TIMEOUT must be positive")
-    return OpenAISettings(base_url, model, _setting("ORBITPILOT_OPENAI_API_KEY") or None,
-                          timeout)
+    return OpenAISettings(base_url, model, config.get("ORBITPILOT_OPENAI_API_KEY") or None,
+                          float(timeout))
 
 
 # -- what is sent ----------------------------------------------------------------------------

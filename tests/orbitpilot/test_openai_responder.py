@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import func, select
 
+from dashboard.config import SettingError, settings_from_env
 from dashboard.extensions import db
 from dashboard.orbitpilot import chat_memory, replies
 from dashboard.orbitpilot.models import Message
@@ -266,17 +267,30 @@ def test_the_aliases_name_the_builtin_and_the_openai_responders():
         load_responder("nonsense")
 
 
-def test_outside_an_app_the_settings_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("ORBITPILOT_OPENAI_BASE_URL", "http://127.0.0.1:11434/v1/")
+def test_the_settings_are_read_by_the_config_and_handed_over(monkeypatch, tmp_path):
+    monkeypatch.setenv("ORBITPILOT_OPENAI_BASE_URL", " http://127.0.0.1:11434/v1/")
     monkeypatch.setenv("ORBITPILOT_OPENAI_MODEL", "llama3")
     monkeypatch.setenv("ORBITPILOT_OPENAI_TIMEOUT", "12.5")
-    monkeypatch.delenv("ORBITPILOT_OPENAI_API_KEY", raising=False)
-    settings = current_settings()
+    monkeypatch.setenv("ORBITPILOT_OPENAI_API_KEY", "  ")
+    config = settings_from_env(tmp_path)
+    settings = current_settings(config)
     assert settings.url == "http://127.0.0.1:11434/v1/chat/completions"
     assert (settings.model, settings.api_key, settings.timeout) == ("llama3", None, 12.5)
-    monkeypatch.delenv("ORBITPILOT_OPENAI_MODEL")
+    # The responder reads no environment: what it is not handed, it does not have.
     with pytest.raises(OpenAIResponderError):
-        current_settings()
+        current_settings({**config, "ORBITPILOT_OPENAI_MODEL": None})
+    with pytest.raises(OpenAIResponderError):
+        current_settings(None)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TIMEOUT", "0"), ("TIMEOUT", "-3"), ("TIMEOUT", "soon"), ("TIMEOUT", "inf"),
+    ("BASE_URL", "127.0.0.1:11434/v1"), ("BASE_URL", "ftp://models.example/v1"),
+])
+def test_a_bad_openai_setting_stops_the_start(monkeypatch, tmp_path, name, value):
+    monkeypatch.setenv(f"ORBITPILOT_OPENAI_{name}", value)
+    with pytest.raises(SettingError, match=f"^ORBITPILOT_OPENAI_{name}: "):
+        settings_from_env(tmp_path)
 
 
 def test_the_stream_function_posts_and_reads_a_chunked_stream(openai_server):
