@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.demotions import RELEVANT
 from dashboard.orbitpilot.responder import MemoryHit, Reply, ResponderContext, drew_on_summary
 
 DEFAULT_TIMEOUT = 30.0
@@ -66,8 +67,13 @@ FLAGGED_TURNS = ("The person asked that some of their messages in this conversat
                  "them in your replies.")
 
 
+UNSURE_ITEMS = ("An item marked (possibly related) may not be about the message: if you use "
+                "it, say that you are not sure.")
+
+
 def _source(hit: MemoryHit) -> str:
-    return hit.label if hit.team is None else f"{hit.label} of the team {hit.team}"
+    source = hit.label if hit.team is None else f"{hit.label} of the team {hit.team}"
+    return source if hit.relevance == RELEVANT else f"{source} (possibly related)"
 
 
 def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False,
@@ -86,6 +92,8 @@ def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False,
                      "which team's memory it comes from:")
         lines.extend(f"- {_one_line(_source(hit))}: {_one_line(hit.content)}"
                      for hit in memory)
+        if any(hit.relevance != RELEVANT for hit in memory):
+            lines.append(UNSURE_ITEMS)
     else:
         lines.append("Nothing was recalled from the person's memory for this message.")
     if flagged:

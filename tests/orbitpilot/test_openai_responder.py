@@ -15,17 +15,20 @@ import pytest
 from sqlalchemy import func, select
 
 from dashboard.config import SettingError, settings_from_env
+from dashboard.demotions import POSSIBLY_RELATED
 from dashboard.extensions import db
 from dashboard.orbitpilot import chat_memory, replies
 from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.openai_responder import (
     FLAGGED_TURNS,
+    UNSURE_ITEMS,
     OpenAIResponder,
     OpenAIResponderError,
     build_messages,
     current_settings,
     parse_stream,
     stream_chat_completion,
+    system_prompt,
 )
 from dashboard.orbitpilot.responder import (
     NOTHING_RELEVANT,
@@ -258,6 +261,17 @@ def test_the_messages_are_the_system_with_the_memory_then_every_turn():
     bare = build_messages(ResponderContext((Turn("user", "hi"),), (), guest=True))[0]
     assert "Nothing was recalled" in bare["content"] and "signed out" in bare["content"]
     assert FLAGGED_TURNS not in bare["content"]
+    assert UNSURE_ITEMS not in system
+
+
+def test_a_possibly_related_item_is_marked_for_the_model():
+    hits = (MemoryHit(SAVED, "Saved memories", "7", "Prefers trains", 0.2),
+            MemoryHit(SAVED, "Saved memories", "8", "Likes Porto", 0.6,
+                      relevance=POSSIBLY_RELATED))
+    lines = system_prompt(hits).splitlines()
+    assert "- Saved memories: Prefers trains" in lines
+    assert "- Saved memories (possibly related): Likes Porto" in lines
+    assert UNSURE_ITEMS in lines
 
 
 def test_the_aliases_name_the_builtin_and_the_openai_responders():
