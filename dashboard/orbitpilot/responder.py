@@ -138,14 +138,13 @@ _ENGLISH_WORDS = frozenset(
 
 
 def language_of(text: str) -> str:
-    """The language to answer ``text`` in: Chinese if it holds Han characters, French if
-    it has French letters or more French words than English ones, else English."""
+    """The language to answer ``text`` in: Chinese if it holds Han characters; French if
+    its French words (a French letter counting as one: "où", "préféré") outnumber its
+    English ones ("Where is my résumé?" stays English); else English."""
     if _HAN.search(text):
         return ZH
-    if _FRENCH_LETTERS.search(text):
-        return FR
     words = [w.lower() for w in _WORDS.findall(text.replace("\u2019", "'"))]
-    french = sum(w in _FRENCH_WORDS for w in words)
+    french = sum(w in _FRENCH_WORDS for w in words) + bool(_FRENCH_LETTERS.search(text))
     english = sum(w in _ENGLISH_WORDS for w in words)
     return FR if french > english else EN
 

@@ -42,7 +42,7 @@ def saved(content: str, relevance: str = RELEVANT, source_id: str = "m1") -> Mem
 @pytest.mark.parametrize(("question", "language"), [
     ("Where do I live?", EN), ("Lisbon?", EN), ("What is le plan?", EN),
     ("Où est-ce que j'habite ?", FR), ("quelle ville pour les vacances", FR),
-    ("Et alors ?", FR),
+    ("Et alors ?", FR), ("Préférences ?", FR), ("Where is my résumé?", EN),
     ("我住在哪里？", ZH), ("工单 BL-422 怎么样了", ZH),
 ])
 def test_the_language_of_a_question(question, language):
