@@ -1,5 +1,6 @@
 """The product's sources, in rank order (the order is the rank), the keepers of the
-copies an erasure must reach, and who works out a caller's reach (teams), installed in
+copies an erasure must reach, who works out a caller's reach (teams), and what a person
+demoted in their searches (the chat's "not relevant" marks), installed in
 their registries when this is imported: the app and every command import it before any
 build, forget or authenticated call."""
 
@@ -8,10 +9,12 @@ from __future__ import annotations
 from dashboard.access import install_resolver
 from dashboard.blinks.source import BLINKS_SOURCE
 from dashboard.copies import Keeper, install_keepers
+from dashboard.demotions import install_reader
 from dashboard.documents.source import DOCUMENTS_SOURCE
 from dashboard.exports.services import withdraw_exports
 from dashboard.memories.source import SAVED_SOURCE
 from dashboard.orbitpilot.copies import erase_chat_copies
+from dashboard.orbitpilot.marks import not_relevant_items
 from dashboard.orbitpilot.source import CHAT_HISTORY_SOURCE, PROFILE_SOURCE
 from dashboard.sources import Source, install
 from dashboard.teams.services import reach_of
@@ -28,3 +31,6 @@ install_keepers(KEEPERS)
 
 # A person's teams, as far as the credential of a call lets it act for them.
 install_resolver(reach_of)
+
+# What a person marked "not relevant" under a reply, demoted in their later searches.
+install_reader(not_relevant_items)

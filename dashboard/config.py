@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -153,6 +154,7 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         # Largest request body accepted (bytes); bigger ones get a clear 413.
         "MAX_CONTENT_LENGTH": _env("MAX_CONTENT_LENGTH", 10 * 1024 * 1024, int),
         **build_settings(),
+        **chat_settings(),
     }
 
 
@@ -180,18 +182,6 @@ def build_settings() -> dict[str, Any]:
         # Each runs once per interval across all workers (a lease row in PostgreSQL).
         "BUILD_SCHEDULE_SECONDS": _env("BUILD_SCHEDULE_SECONDS", 3600, int),
         "BUILD_SWEEP_SECONDS": _env("BUILD_SWEEP_SECONDS", 30, int),
-        # The chat's responder (a dotted path to a class or factory) and how many memory
-        # chunks it is given for each reply.
-        "ORBITPILOT_RESPONDER": _env("ORBITPILOT_RESPONDER",
-                                    "dashboard.orbitpilot.responder.BuiltinResponder"),
-        "ORBITPILOT_MEMORY_K": _env("ORBITPILOT_MEMORY_K", 3, int),
-        # For ORBITPILOT_RESPONDER=openai (aliases: "builtin", "openai"): an OpenAI-compatible
-        # server's base URL (e.g. http://127.0.0.1:11434/v1; it is sent <base>/chat/completions),
-        # the model, an optional key (sent as a bearer token), and seconds per answer.
-        "ORBITPILOT_OPENAI_BASE_URL": _env("ORBITPILOT_OPENAI_BASE_URL", None),
-        "ORBITPILOT_OPENAI_MODEL": _env("ORBITPILOT_OPENAI_MODEL", None),
-        "ORBITPILOT_OPENAI_API_KEY": _env("ORBITPILOT_OPENAI_API_KEY", None),
-        "ORBITPILOT_OPENAI_TIMEOUT": _env("ORBITPILOT_OPENAI_TIMEOUT", 30.0, float),
         # The largest document a user may upload (text or markdown), in bytes.
         "DOCUMENT_MAX_BYTES": _env("DOCUMENT_MAX_BYTES", 1024 * 1024, int),
         # How often a worker writes the audit chain's head down as a checkpoint and a
@@ -240,4 +230,46 @@ def build_settings() -> dict[str, Any]:
         "ANN_LEAVE_FRACTION": _env("ANN_LEAVE_FRACTION", 0.8, float),
         # Rows the indexing job moves into the HNSW index per transaction.
         "ANN_INDEX_BATCH": _env("ANN_INDEX_BATCH", 500, int),
+    }
+
+
+# -- the chat's responder ---------------------------------------------------------------------
+
+def _positive_seconds(value: str) -> float:
+    seconds = float(value)
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError("must be a positive number of seconds")
+    return seconds
+
+
+def _http_url(value: str) -> str:
+    url = value.strip()
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL")
+    return url
+
+
+def _nonblank(value: str) -> str | None:
+    return value.strip() or None
+
+
+def chat_settings() -> dict[str, Any]:
+    """Which responder answers in the chat, with what. The OpenAI-compatible one's
+    settings are read here, never by the responder: a bad value stops the start; a
+    missing one is the chat's refused reply (the builtin responder needs none)."""
+    return {
+        # The chat's responder (a dotted path to a class or factory; aliases: "builtin",
+        # "openai") and how many memory chunks it is given for each reply.
+        "ORBITPILOT_RESPONDER": _env("ORBITPILOT_RESPONDER",
+                                    "dashboard.orbitpilot.responder.BuiltinResponder"),
+        "ORBITPILOT_MEMORY_K": _env("ORBITPILOT_MEMORY_K", 3, int),
+        # For ORBITPILOT_RESPONDER=openai: an OpenAI-compatible server's base URL (e.g.
+        # http://127.0.0.1:11434/v1; it is sent <base>/chat/completions), the model, an
+        # optional key (sent as a bearer token), and seconds per answer.
+        "ORBITPILOT_OPENAI_BASE_URL": _env("ORBITPILOT_OPENAI_BASE_URL", None, _http_url),
+        "ORBITPILOT_OPENAI_MODEL": _env("ORBITPILOT_OPENAI_MODEL", None, _nonblank),
+        "ORBITPILOT_OPENAI_API_KEY": _env("ORBITPILOT_OPENAI_API_KEY", None, _nonblank),
+        "ORBITPILOT_OPENAI_TIMEOUT": _env("ORBITPILOT_OPENAI_TIMEOUT", 30.0,
+                                          _positive_seconds),
     }

@@ -11,7 +11,7 @@ from dashboard import memory
 from dashboard.audit.services import CLI_ACTOR, record_event
 from dashboard.auth import services as accounts
 from dashboard.extensions import db
-from dashboard.orbitpilot import services as chat
+from dashboard.orbitpilot import conversations as chat
 from dashboard.plans.services import UnknownPlan, find_plan
 from dashboard.queues import build_queue
 from jobs.worker import run_worker

@@ -27,6 +27,7 @@ from dashboard.access import (
 )
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
+from dashboard.demotions import demote, demoted_for, widened
 from dashboard.memories import services
 from dashboard.memories.models import MEMORY_STATUSES, ApiKey, ForgetMarker, Memory
 from dashboard.memories.services import (
@@ -257,11 +258,14 @@ def recall_for(session: Session, reach: Reach, query: str, k: int, *, embedder: 
                max_distance: RecallCut = None, scopes: Scopes = None,
                filters: Filters = Filters()) -> list[Recalled]:
     """Top-k over every owner the caller reaches (one search, however many teams), each
-    result naming whose memory it is; filtered by author or app, saved memories only."""
+    result naming whose memory it is; filtered by author or app, saved memories only.
+    What the person marked "not relevant" in the chat ranks last (``demotions``)."""
     check_scope(scopes, "search")
     owners = _owners(reach, filters)
-    hits = services.recall(session, owners, query, k, embedder=embedder,
-                           max_distance=max_distance)
+    k = max(1, min(int(k), services.MAX_RECALL_K))
+    demoted = demoted_for(session, reach.user_id)
+    hits = demote(services.recall(session, owners, query, widened(k, demoted),
+                                  embedder=embedder, max_distance=max_distance), demoted, k)
     if filters.author is None and filters.app is None:
         return hits
     ids = [parse_memory_id(h.memory_id) for h in hits if h.memory_id]

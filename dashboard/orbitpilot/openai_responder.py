@@ -5,13 +5,13 @@ it; the ``ORBITPILOT_OPENAI_*`` settings say where and which model."""
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.demotions import RELEVANT
 from dashboard.orbitpilot.responder import MemoryHit, Reply, ResponderContext, drew_on_summary
 
 DEFAULT_TIMEOUT = 30.0
@@ -36,25 +36,22 @@ class OpenAISettings:
         return self.base_url.rstrip("/") + "/chat/completions"
 
 
-def current_settings(config: Mapping[str, Any] | None = None) -> OpenAISettings:
-    """The settings out of ``config`` (the app's, which the chat's edge hands over), or the
-    environment when there is none."""
-    source: Mapping[str, Any] = os.environ if config is None else config
-
-    def _setting(name: str) -> Any:
-        return source.get(name)
-
-    base_url = (_setting("ORBITPILOT_OPENAI_BASE_URL") or "").strip()
-    model = (_setting("ORBITPILOT_OPENAI_MODEL") or "").strip()
+def current_settings(config: Mapping[str, Any] | None) -> OpenAISettings:
+    """The settings out of ``config``: the app's (``dashboard.config`` read and checked
+    them at start), which the chat's edge hands over. None, or no server or model named:
+    no answer (the chat's refused reply)."""
+    if config is None:
+        raise OpenAIResponderError("no settings were handed to the responder")
+    base_url = (config.get("ORBITPILOT_OPENAI_BASE_URL") or "").strip()
+    model = (config.get("ORBITPILOT_OPENAI_MODEL") or "").strip()
     if not base_url or not model:
         raise OpenAIResponderError("ORBITPILOT_OPENAI_BASE_URL and ORBITPILOT_OPENAI_MODEL "
                                    "must both be set")
-    raw_timeout = _setting("ORBITPILOT_OPENAI_TIMEOUT")
-    timeout = float(raw_timeout) if raw_timeout not in (None, "") else DEFAULT_TIMEOUT
+    timeout = config.get("ORBITPILOT_OPENAI_TIMEOUT") or DEFAULT_TIMEOUT
     if timeout <= 0:
         raise OpenAIResponderError("ORBITPILOT_OPENAI_TIMEOUT must be positive")
-    return OpenAISettings(base_url, model, _setting("ORBITPILOT_OPENAI_API_KEY") or None,
-                          timeout)
+    return OpenAISettings(base_url, model, config.get("ORBITPILOT_OPENAI_API_KEY") or None,
+                          float(timeout))
 
 
 # -- what is sent ----------------------------------------------------------------------------
@@ -70,8 +67,13 @@ FLAGGED_TURNS = ("The person asked that some of their messages in this conversat
                  "them in your replies.")
 
 
+UNSURE_ITEMS = ("An item marked (possibly related) may not be about the message: if you use "
+                "it, say that you are not sure.")
+
+
 def _source(hit: MemoryHit) -> str:
-    return hit.label if hit.team is None else f"{hit.label} of the team {hit.team}"
+    source = hit.label if hit.team is None else f"{hit.label} of the team {hit.team}"
+    return source if hit.relevance == RELEVANT else f"{source} (possibly related)"
 
 
 def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False,
@@ -90,6 +92,8 @@ def system_prompt(memory: tuple[MemoryHit, ...], *, guest: bool = False,
                      "which team's memory it comes from:")
         lines.extend(f"- {_one_line(_source(hit))}: {_one_line(hit.content)}"
                      for hit in memory)
+        if any(hit.relevance != RELEVANT for hit in memory):
+            lines.append(UNSURE_ITEMS)
     else:
         lines.append("Nothing was recalled from the person's memory for this message.")
     if flagged:

@@ -34,7 +34,10 @@ from dashboard.errors import TITLES, problem, refusal_status, wants_json
 from dashboard.extensions import db, login_manager
 from dashboard.ids import parse_id
 from dashboard.memory import get_embedder, recall_cut
-from dashboard.orbitpilot import services
+from dashboard.orbitpilot import chat_memory, conversations, drew_on, marks, replies
+from dashboard.orbitpilot.chat_memory import ChatMemory
+from dashboard.orbitpilot.conversations import ChatError
+from dashboard.orbitpilot.replies import Exchange
 from dashboard.orbitpilot.responder import (
     DEFAULT_MEMORY_K,
     DEFAULT_RESPONDER,
@@ -42,7 +45,6 @@ from dashboard.orbitpilot.responder import (
     drew_on_summary,
     load_responder,
 )
-from dashboard.orbitpilot.services import ChatError, ChatMemory, Exchange
 from dashboard.plans.web import request_plans
 from dashboard.refusals import Refusal
 from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED
@@ -97,7 +99,7 @@ def _conversation_url(conversation_id: int | None, anchor: int | None = None) ->
 
 
 def _chat_memory() -> ChatMemory:
-    return services.get_chat_memory(current_user, request_plans())
+    return chat_memory.get_chat_memory(current_user, request_plans())
 
 
 def team_memories_path(slug: str) -> str:
@@ -105,7 +107,7 @@ def team_memories_path(slug: str) -> str:
     return f"/teams/{slug}/memories"
 
 
-def drew_on_links(item: services.DrewOn) -> dict[str, Any]:
+def drew_on_links(item: drew_on.DrewOn) -> dict[str, Any]:
     """Where a "Drew on" item lives, and how to forget it: ``forget`` is a POST form's
     action and fields, or ``forget_page`` a page that asks first (saved memories and
     documents: a choice of how, or a deletion), or neither (the profile: edit it)."""
@@ -141,10 +143,10 @@ def drew_on_links(item: services.DrewOn) -> dict[str, Any]:
 def _register_labels(state: Any) -> None:
     # Globals, not context: the message macro is also rendered on its own (the JSON's html).
     state.app.jinja_env.globals.update(
-        ORBITPILOT_NOT_REMEMBERED=services.NOT_REMEMBERED_LABEL,
-        ORBITPILOT_REMEMBERED=services.REMEMBERED_LABEL,
+        ORBITPILOT_NOT_REMEMBERED=conversations.NOT_REMEMBERED_LABEL,
+        ORBITPILOT_REMEMBERED=conversations.REMEMBERED_LABEL,
         orbitpilot_drew_on_links=drew_on_links,
-        orbitpilot_note_about=services.honesty_about,
+        orbitpilot_note_about=chat_memory.honesty_about,
     )
 
 
@@ -153,7 +155,7 @@ def chat_template_helpers() -> dict[str, Any]:
     """The dock and the notice, as functions: a page pays for them only if it renders
     the dock (the notice: at most one query, none once the request read the plan)."""
     return {"orbitpilot_dock": _dock, "orbitpilot_chat_memory": _chat_memory,
-            "ORBITPILOT_MAX_CHARS": services.MAX_MESSAGE_CHARS}
+            "ORBITPILOT_MAX_CHARS": replies.MAX_MESSAGE_CHARS}
 
 
 def _current_user_id() -> int:
@@ -168,7 +170,7 @@ def _current_user_id() -> int:
 def _dock() -> dict[str, Any] | None:
     if not current_user.is_authenticated:
         return None
-    return {"state": services.dock_state(db.session, _current_user_id()),
+    return {"state": conversations.dock_state(db.session, _current_user_id()),
             "memory": _chat_memory()}
 
 
@@ -178,11 +180,11 @@ def _render_chat(*, conversation=None, messages=(), draft: str = "", error: str 
                  status: int = 200):
     memory = _chat_memory()
     guest = not current_user.is_authenticated
-    conversations = [] if guest else services.list_conversations(db.session, current_user.id)
+    listed = [] if guest else conversations.list_conversations(db.session, current_user.id)
     return render_template(
         "orbitpilot/chat.html", guest=guest, conversation=conversation,
-        conversations=conversations, messages=list(messages), memory=memory,
-        draft=draft, error=error, max_chars=services.MAX_MESSAGE_CHARS,
+        conversations=listed, messages=list(messages), memory=memory,
+        draft=draft, error=error, max_chars=replies.MAX_MESSAGE_CHARS,
     ), status
 
 
@@ -190,13 +192,13 @@ def _render_chat(*, conversation=None, messages=(), draft: str = "", error: str 
 def chat():
     """Signed in: the latest open conversation (or a new one). Guest: the session's."""
     if not current_user.is_authenticated:
-        return _render_chat(messages=services.guest_turns(session.get(GUEST_SESSION_KEY)))
+        return _render_chat(messages=replies.guest_turns(session.get(GUEST_SESSION_KEY)))
     session.pop(GUEST_SESSION_KEY, None)
-    conversation = services.latest_open_conversation(db.session, current_user.id)
+    conversation = conversations.latest_open_conversation(db.session, current_user.id)
     if conversation is None:
         return _render_chat()
     return _render_chat(conversation=conversation,
-                        messages=services.conversation_messages(db.session, conversation.id))
+                        messages=conversations.conversation_messages(db.session, conversation.id))
 
 
 @bp.route("/new")
@@ -209,11 +211,11 @@ def new_conversation():
 @login_required
 def conversation(conversation_id: str):
     try:
-        found = services.get_conversation(db.session, current_user.id, conversation_id)
+        found = conversations.get_conversation(db.session, current_user.id, conversation_id)
     except Refusal as exc:
         return _refuse(exc)
     return _render_chat(conversation=found,
-                        messages=services.conversation_messages(db.session, found.id))
+                        messages=conversations.conversation_messages(db.session, found.id))
 
 
 @bp.route("/c/<conversation_id>/end", methods=["POST"])
@@ -223,7 +225,7 @@ def end(conversation_id: str | None = None):
     if conversation_id is None:
         conversation_id = request.form.get("conversation_id", "")
     try:
-        build = services.end_user_conversation(db.session, user_id=current_user.id,
+        build = conversations.end_user_conversation(db.session, user_id=current_user.id,
                                                conversation_id=conversation_id)
     except Refusal as exc:
         return _refuse(exc)
@@ -281,7 +283,7 @@ def send():
     if _stream_requested():
         return _send_streamed(send)
     try:
-        exchange = services.send_message(db.session, responder=_responder(), **send)
+        exchange = replies.send_message(db.session, responder=_responder(), **send)
     except Refusal as exc:
         return _send_refused(exc, text, conversation_id)
     memory = _chat_memory()
@@ -308,7 +310,7 @@ def _send_streamed(send: dict[str, Any]):
     problem, as without streaming. All writes happen in the stream, in one transaction:
     the request's own ends when the response starts."""
     try:
-        services.check_send(db.session, user_id=send["user_id"], text=send["text"],
+        replies.check_send(db.session, user_id=send["user_id"], text=send["text"],
                             conversation_id=send["conversation_id"])
     except Refusal as exc:
         return _problem(refusal_status(exc), exc.sentence)
@@ -320,13 +322,13 @@ def _send_streamed(send: dict[str, Any]):
     def events():
         pending = None
         try:
-            pending = services.begin_send(db.session, **send)
+            pending = replies.begin_send(db.session, **send)
             pieces: list[str] = []
-            for piece in services.stream_reply(responder, pending.context):
+            for piece in replies.stream_reply(responder, pending.context):
                 pieces.append(piece)
                 yield _event("delta", {"text": piece})
             reply = Reply("".join(pieces).strip(), drew_on_summary(pending.context))
-            exchange = services.finish_send(db.session, pending, reply)
+            exchange = replies.finish_send(db.session, pending, reply)
             payload = _exchange_json(exchange, memory, guest=False)
             db.session.commit()
         except Refusal as exc:
@@ -336,7 +338,7 @@ def _send_streamed(send: dict[str, Any]):
         except Exception as exc:  # the status line is sent already: say it in an event
             log.warning("a streamed reply failed: %s", type(exc).__name__)
             _abandon(pending)
-            yield _event("error", {"status": 500, "detail": services.NO_ANSWER})
+            yield _event("error", {"status": 500, "detail": replies.NO_ANSWER})
             return
         yield _event("done", payload)
 
@@ -346,9 +348,9 @@ def _send_streamed(send: dict[str, Any]):
     return response
 
 
-def _abandon(pending: services.PendingReply | None) -> None:
+def _abandon(pending: replies.PendingReply | None) -> None:
     if pending is not None:
-        services.abandon_send(pending)
+        replies.abandon_send(pending)
     db.session.rollback()
 
 
@@ -362,8 +364,8 @@ def _send_refused(error: Refusal, draft: str, conversation_id: Any):
     found, messages = None, []
     if conversation_id is not None and current_user.is_authenticated:
         try:
-            found = services.get_conversation(db.session, current_user.id, conversation_id)
-            messages = services.conversation_messages(db.session, found.id)
+            found = conversations.get_conversation(db.session, current_user.id, conversation_id)
+            messages = conversations.conversation_messages(db.session, found.id)
         except Refusal:
             found = None
     return _render_chat(conversation=found, messages=messages, draft=draft[:20_000],
@@ -372,17 +374,17 @@ def _send_refused(error: Refusal, draft: str, conversation_id: Any):
 
 def _guest_send(text: str):
     try:
-        exchange, kept = services.guest_send(session.get(GUEST_SESSION_KEY), text,
+        exchange, kept = replies.guest_send(session.get(GUEST_SESSION_KEY), text,
                                              responder=_responder())
     except Refusal as exc:
         if _json_requested():
             return _problem(refusal_status(exc), exc.sentence)
-        return _render_chat(messages=services.guest_turns(session.get(GUEST_SESSION_KEY)),
+        return _render_chat(messages=replies.guest_turns(session.get(GUEST_SESSION_KEY)),
                             draft=text[:20_000], error=exc.sentence,
                             status=refusal_status(exc))
     session[GUEST_SESSION_KEY] = kept
     if _json_requested():
-        return jsonify(_exchange_json(exchange, services.GUEST_CHAT_MEMORY, guest=True)), 201
+        return jsonify(_exchange_json(exchange, chat_memory.GUEST_CHAT_MEMORY, guest=True)), 201
     return redirect(url_for("orbitpilot.chat"), 303)
 
 
@@ -404,7 +406,7 @@ def orbitpilot_toggle_remember():
     if wanted not in (None, "0", "1"):
         return _refuse(ChatError("“not_remembered” must be 1 or 0 when given."))
     try:
-        result = services.toggle_remember(
+        result = marks.toggle_remember(
             db.session, user=current_user, message_id=request.form.get("message_id"),
             not_remembered=None if wanted is None else wanted == "1")
     except Refusal as exc:
@@ -426,7 +428,7 @@ def orbitpilot_catch():
     if not current_user.is_authenticated:
         return _guest_refused()
     try:
-        result = services.catch_reply(db.session, user_id=current_user.id,
+        result = marks.catch_reply(db.session, user_id=current_user.id,
                                       message_id=request.form.get("message_id"))
     except Refusal as exc:
         return _refuse(exc)
@@ -445,7 +447,7 @@ def not_relevant():
     if not current_user.is_authenticated:
         return _guest_refused()
     try:
-        result = services.mark_not_relevant(db.session, user_id=current_user.id,
+        result = marks.mark_not_relevant(db.session, user_id=current_user.id,
                                             recall_id=request.form.get("recall_id"))
     except Refusal as exc:
         return _refuse(exc)

@@ -30,8 +30,8 @@ from dashboard.memory import MemoryBuild, MemoryChunk, request_builds_by_staff
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot.models import ProfileFact, ReplyRecall
+from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import BuiltinResponder
-from dashboard.orbitpilot.services import send_message
 from dashboard.plans.editing import set_assignment, set_cap
 from dashboard.sources import CHAT_HISTORY, SAVED
 from tests.conftest import csrf_from

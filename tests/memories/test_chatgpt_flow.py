@@ -14,7 +14,7 @@ from dashboard.audit.services import Actor
 from dashboard.extensions import db
 from dashboard.memories.keys import create_key
 from dashboard.memory import MemoryBuild, MemoryChunk
-from dashboard.sources import SAVED, get_source
+from dashboard.sources import SAVED
 from tests.conftest import AuthActions, csrf_from
 from tests.orbitpilot import recording
 from tests.workers import run_worker
@@ -80,7 +80,7 @@ def test_save_build_recall_forget_not_recalled(app, connector):
     recording.RECORDED.clear()
     first = ask(chat, QUESTION)
     assert saved_hits(recording.RECORDED[-1]) == [preference]
-    assert get_source(SAVED).label in first["reply"]["content"]
+    assert preference in first["reply"]["content"]  # the answer quotes it
 
     forgotten = api.delete(f"/v1/memories/{memory_id}", headers=headers)
     assert forgotten.status_code == 200, forgotten.get_data(as_text=True)
@@ -88,7 +88,7 @@ def test_save_build_recall_forget_not_recalled(app, connector):
 
     second = ask(chat, QUESTION)
     assert saved_hits(recording.RECORDED[-1]) == []
-    assert get_source(SAVED).label not in second["reply"]["content"]
+    assert preference not in second["reply"]["content"]
     with app.app_context():
         # Not recalled because its chunks are gone, not because a build ran meanwhile.
         assert db.session.scalars(select(MemoryBuild.id).where(

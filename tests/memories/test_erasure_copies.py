@@ -37,6 +37,7 @@ from dashboard.memories.services import REDACTED, find_receipt, forget_memory, r
 from dashboard.memory import get_embedder
 from dashboard.orbitpilot.copies import erase_chat_copies
 from dashboard.orbitpilot.models import Conversation, Message, ReplyRecall
+from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import (
     QUOTE_CHARS,
     BuiltinResponder,
@@ -44,7 +45,6 @@ from dashboard.orbitpilot.responder import (
     ResponderContext,
     Turn,
 )
-from dashboard.orbitpilot.services import send_message
 from dashboard.orbitpilot.source import extract_chat_pairs
 from dashboard.retention import complete_released
 from dashboard.sources import SAVED

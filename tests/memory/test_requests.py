@@ -23,8 +23,8 @@ from dashboard.memory.requests import (
     request_builds_for_plan,
     request_user_update,
 )
+from dashboard.orbitpilot.conversations import end_conversation, request_idle_conversation_builds
 from dashboard.orbitpilot.models import Conversation
-from dashboard.orbitpilot.services import end_conversation, request_idle_conversation_builds
 from dashboard.plans.models import Plan
 from dashboard.queues import build_queue, redis_client
 from tests.factories import (

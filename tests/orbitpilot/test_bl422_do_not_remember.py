@@ -17,13 +17,10 @@ from sqlalchemy import func, select
 
 from dashboard.audit.models import AuditEvent
 from dashboard.memory import MemoryBuild, MemoryChunk, get_embedder, search_memory
+from dashboard.orbitpilot.chat_memory import get_chat_memory_notice
+from dashboard.orbitpilot.conversations import NOT_REMEMBERED_LABEL, REMEMBERED_LABEL
+from dashboard.orbitpilot.marks import REMEMBER_TOGGLE_ACTION
 from dashboard.orbitpilot.models import Message, ProfileFact
-from dashboard.orbitpilot.services import (
-    NOT_REMEMBERED_LABEL,
-    REMEMBER_TOGGLE_ACTION,
-    REMEMBERED_LABEL,
-    get_chat_memory_notice,
-)
 from dashboard.plans.models import SourceAssignment
 from dashboard.plans.sentences import CHAT_REMEMBERED, state_sentence
 from dashboard.plans.services import SourceState, get_plan_for_user, resolve_sources

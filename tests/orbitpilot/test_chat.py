@@ -18,10 +18,11 @@ from dashboard.blinks.models import Blink
 from dashboard.extensions import db
 from dashboard.memory import get_embedder
 from dashboard.memory.pipeline import run_memory_build
-from dashboard.orbitpilot import services
+from dashboard.orbitpilot import chat_memory, conversations, recall, replies
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.orbitpilot.responder import (
     DEFAULT_RESPONDER,
+    NOTHING_RELEVANT,
     BuiltinResponder,
     Reply,
     ResponderContext,
@@ -166,20 +167,20 @@ def test_an_empty_message_is_a_clear_400(client, signed_in, db_session):
 
 def test_a_too_long_message_is_refused_and_the_form_keeps_the_draft(client, signed_in,
                                                                     db_session):
-    text = "x" * (services.MAX_MESSAGE_CHARS + 1)
+    text = "x" * (replies.MAX_MESSAGE_CHARS + 1)
     response = send(client, text)
     assert response.status_code == 400
-    assert f"{services.MAX_MESSAGE_CHARS:,}" in response.get_json()["detail"]
+    assert f"{replies.MAX_MESSAGE_CHARS:,}" in response.get_json()["detail"]
     response = send(client, text, as_json=False)
     assert response.status_code == 400
     page = parse(response.get_data(as_text=True))
-    assert f"{services.MAX_MESSAGE_CHARS:,}" in page.find(data_op_error=True).text
+    assert f"{replies.MAX_MESSAGE_CHARS:,}" in page.find(data_op_error=True).text
     assert page.find("textarea").text == text  # nothing lost
     assert db_session.scalar(select(func.count()).select_from(Message)) == 0
 
 
 def test_a_message_at_the_limit_is_accepted(client, signed_in):
-    assert send(client, "y" * services.MAX_MESSAGE_CHARS).status_code == 201
+    assert send(client, "y" * replies.MAX_MESSAGE_CHARS).status_code == 201
 
 
 def test_send_to_someone_elses_conversation_is_404(client, signed_in, db_session):
@@ -202,11 +203,11 @@ def test_the_title_and_the_text_are_never_logged(client, signed_in, caplog):
     ("word " * 40, None),
 ])
 def test_derive_title(text, title):
-    derived = services.derive_title(text)
+    derived = conversations.derive_title(text)
     if title is not None:
         assert derived == title
     else:
-        assert len(derived) <= services.TITLE_CHARS and derived.endswith("…")
+        assert len(derived) <= conversations.TITLE_CHARS and derived.endswith("…")
         assert derived.startswith("word word")
 
 
@@ -295,7 +296,7 @@ def test_ending_someone_elses_conversation_is_404(client, signed_in, db_session)
 
 # -- the responder ---------------------------------------------------------------------------
 
-def test_the_builtin_responder_says_what_it_drew_on(client, db_session, auth, recorded):
+def test_the_builtin_responder_answers_from_what_it_drew_on(client, db_session, auth, recorded):
     user = make_user(db_session, plan=make_plan(db_session, cap=4))
     db_session.add(ProfileFact(user_id=user.id, key="city", value="Lisbon"))
     make_conversation(db_session, user, [("I like trams in Lisbon", "Noted")])
@@ -320,11 +321,9 @@ def test_the_builtin_responder_says_what_it_drew_on(client, db_session, auth, re
         (CHAT_HISTORY, context.memory[0].source_id, "I like trams in Lisbon")]
     conversation = context.memory[0].source_id.split(":")[0]
     assert items[0]["url"].startswith(f"/orbitpilot/c/{conversation}#m")
-    # Deterministic: the same context gives the same words.
-    assert second["reply"]["content"] == BuiltinResponder()(context).text
-    assert "2 earlier messages of this conversation" in second["reply"]["content"]
-    for label in labels:
-        assert label in second["reply"]["content"]
+    # Deterministic: the same context gives the same words: the pair, by what was said.
+    assert second["reply"]["content"] == BuiltinResponder()(context).text == (
+        "From an earlier conversation, where you said: \u201cI like trams in Lisbon\u201d")
 
 
 def test_memory_k_zero_hands_the_responder_no_memory(app, client, signed_in, recorded,
@@ -341,13 +340,13 @@ def test_a_message_with_nothing_to_search_on_draws_on_no_memory(client, signed_i
                                                                 db_session, message):
     db_session.add(ProfileFact(user_id=signed_in.id, key="city", value="Lisbon"))
     run_memory_build(signed_in, "quick", session=db_session, embedder=get_embedder("hashing"))
-    assert services.memory_hits(db_session, signed_in.id, message,
+    assert recall.memory_hits(db_session, signed_in.id, message,
                                 embedder=get_embedder("hashing")) == ()
     response = send(client, message)
     assert response.status_code == 201
     assert recorded[-1].memory == ()
     assert response.get_json()["drew_on"]["memory_items"] == 0
-    assert "nothing from your memory" in response.get_json()["reply"]["content"]
+    assert response.get_json()["reply"]["content"] == NOTHING_RELEVANT
 
 
 def test_a_chunk_with_nothing_to_search_on_is_never_drawn_on(client, signed_in, recorded,
@@ -421,8 +420,8 @@ def test_a_guests_session_keeps_only_the_last_turns_cut_short(client, db_session
         assert send(client, f"{n} {long}").status_code == 201
     with client.session_transaction() as session:
         kept = session["orbitpilot.guest_chat"]
-    assert len(kept) == services.GUEST_MAX_TURNS
-    assert all(len(text) <= services.GUEST_TURN_CHARS for _, text in kept)
+    assert len(kept) == replies.GUEST_MAX_TURNS
+    assert all(len(text) <= replies.GUEST_TURN_CHARS for _, text in kept)
     assert kept[-2][0] == "user" and kept[-2][1].startswith("7 ")
 
 
@@ -474,7 +473,7 @@ def test_one_truth_the_notice_the_honesty_note_and_memory_status_in_every_state(
     assert source.state is state
     expected = CHAT_REMEMBERED if state is SourceState.INCLUDED \
         else state_sentence(source, resolution)
-    assert services.get_chat_memory_notice(user, plans_of(db_session)) == expected
+    assert chat_memory.get_chat_memory_notice(user, plans_of(db_session)) == expected
 
     auth.login(user.email)
     body = send(client, "Is this remembered?").get_json()
@@ -541,7 +540,7 @@ def test_the_note_follows_the_plan_at_request_time(client, auth, db_session):
 
 
 def test_the_notice_for_a_guest_is_the_invitation(db_session):
-    assert services.get_chat_memory_notice(None, plans_of(db_session)) == GUEST_INVITATION
+    assert chat_memory.get_chat_memory_notice(None, plans_of(db_session)) == GUEST_INVITATION
 
 
 def test_the_notice_reads_the_plan_once_per_request(app, db_session, count_queries):
@@ -549,9 +548,9 @@ def test_the_notice_reads_the_plan_once_per_request(app, db_session, count_queri
     with app.test_request_context("/"):
         login_user(user)
         with count_queries() as first:
-            notice = services.get_chat_memory_notice(user, request_plans())
+            notice = chat_memory.get_chat_memory_notice(user, request_plans())
         with count_queries() as second:
-            assert services.get_chat_memory_notice(user, request_plans()) == notice
+            assert chat_memory.get_chat_memory_notice(user, request_plans()) == notice
     assert first.count == 1 and second.count == 0
 
 
@@ -613,7 +612,7 @@ def test_the_dock_shows_the_latest_open_conversations_last_messages(client, sign
     dock = page.find("details", data_op_dock=True)
     bubbles = [b.text for b in dock.find_all(cls="op-bubble")]
     assert bubbles == ["question 3", "answer 3", "question 4", "answer 4"]
-    assert len(bubbles) == services.DOCK_MESSAGES
+    assert len(bubbles) == conversations.DOCK_MESSAGES
     hidden = dock.find("input", data_op_conversation=True)
     assert hidden.attrs["value"] == str(conversation.id)
     form = dock.find("form", data_op_composer=True)
@@ -626,7 +625,7 @@ def test_the_dock_shows_the_latest_open_conversations_last_messages(client, sign
 
 def test_the_dock_ignores_ended_conversations(client, signed_in, db_session):
     conversation, _ = make_conversation(db_session, signed_in, [("old", "done")])
-    services.end_conversation(db_session, conversation)
+    conversations.end_conversation(db_session, conversation)
     dock = parse(client.get(DOCK_PAGE).get_data(as_text=True)).find(data_op_dock=True)
     assert dock.find_all(cls="op-bubble") == []
     assert dock.find("input", data_op_conversation=True).attrs["value"] == ""
@@ -745,9 +744,9 @@ def test_a_responder_that_gives_nothing_leaves_no_half_turn(app, client, signed_
 
 
 def test_a_guests_too_long_message_is_a_clear_400(client):
-    response = send(client, "g" * (services.MAX_MESSAGE_CHARS + 1))
+    response = send(client, "g" * (replies.MAX_MESSAGE_CHARS + 1))
     assert response.status_code == 400
-    assert f"{services.MAX_MESSAGE_CHARS:,}" in response.get_json()["detail"]
+    assert f"{replies.MAX_MESSAGE_CHARS:,}" in response.get_json()["detail"]
     with client.session_transaction() as session:
         assert "orbitpilot.guest_chat" not in session
 

@@ -17,8 +17,8 @@ from dashboard.memories.services import forget_memory
 from dashboard.memory import get_embedder
 from dashboard.memory.embedders import minilm_available
 from dashboard.memory.pipeline import run_memory_build
+from dashboard.orbitpilot.marks import catch_reply
 from dashboard.orbitpilot.models import Message, ReplyRecall
-from dashboard.orbitpilot.services import catch_reply
 from dashboard.orbitpilot.source import extract_chat_pairs
 from dashboard.sources import BLINKS, CHAT_HISTORY, SAVED
 from tests.factories import make_blink, make_conversation, make_memory, make_plan, make_user

@@ -14,19 +14,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from sqlalchemy import func, select
 
+from dashboard.config import SettingError, settings_from_env
+from dashboard.demotions import POSSIBLY_RELATED
 from dashboard.extensions import db
-from dashboard.orbitpilot import services
+from dashboard.orbitpilot import chat_memory, replies
 from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.openai_responder import (
     FLAGGED_TURNS,
+    UNSURE_ITEMS,
     OpenAIResponder,
     OpenAIResponderError,
     build_messages,
     current_settings,
     parse_stream,
     stream_chat_completion,
+    system_prompt,
 )
 from dashboard.orbitpilot.responder import (
+    NOTHING_RELEVANT,
     BuiltinResponder,
     MemoryHit,
     ResponderContext,
@@ -256,6 +261,17 @@ def test_the_messages_are_the_system_with_the_memory_then_every_turn():
     bare = build_messages(ResponderContext((Turn("user", "hi"),), (), guest=True))[0]
     assert "Nothing was recalled" in bare["content"] and "signed out" in bare["content"]
     assert FLAGGED_TURNS not in bare["content"]
+    assert UNSURE_ITEMS not in system
+
+
+def test_a_possibly_related_item_is_marked_for_the_model():
+    hits = (MemoryHit(SAVED, "Saved memories", "7", "Prefers trains", 0.2),
+            MemoryHit(SAVED, "Saved memories", "8", "Likes Porto", 0.6,
+                      relevance=POSSIBLY_RELATED))
+    lines = system_prompt(hits).splitlines()
+    assert "- Saved memories: Prefers trains" in lines
+    assert "- Saved memories (possibly related): Likes Porto" in lines
+    assert UNSURE_ITEMS in lines
 
 
 def test_the_aliases_name_the_builtin_and_the_openai_responders():
@@ -265,17 +281,30 @@ def test_the_aliases_name_the_builtin_and_the_openai_responders():
         load_responder("nonsense")
 
 
-def test_outside_an_app_the_settings_come_from_the_environment(monkeypatch):
-    monkeypatch.setenv("ORBITPILOT_OPENAI_BASE_URL", "http://127.0.0.1:11434/v1/")
+def test_the_settings_are_read_by_the_config_and_handed_over(monkeypatch, tmp_path):
+    monkeypatch.setenv("ORBITPILOT_OPENAI_BASE_URL", " http://127.0.0.1:11434/v1/")
     monkeypatch.setenv("ORBITPILOT_OPENAI_MODEL", "llama3")
     monkeypatch.setenv("ORBITPILOT_OPENAI_TIMEOUT", "12.5")
-    monkeypatch.delenv("ORBITPILOT_OPENAI_API_KEY", raising=False)
-    settings = current_settings()
+    monkeypatch.setenv("ORBITPILOT_OPENAI_API_KEY", "  ")
+    config = settings_from_env(tmp_path)
+    settings = current_settings(config)
     assert settings.url == "http://127.0.0.1:11434/v1/chat/completions"
     assert (settings.model, settings.api_key, settings.timeout) == ("llama3", None, 12.5)
-    monkeypatch.delenv("ORBITPILOT_OPENAI_MODEL")
+    # The responder reads no environment: what it is not handed, it does not have.
     with pytest.raises(OpenAIResponderError):
-        current_settings()
+        current_settings({**config, "ORBITPILOT_OPENAI_MODEL": None})
+    with pytest.raises(OpenAIResponderError):
+        current_settings(None)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("TIMEOUT", "0"), ("TIMEOUT", "-3"), ("TIMEOUT", "soon"), ("TIMEOUT", "inf"),
+    ("BASE_URL", "127.0.0.1:11434/v1"), ("BASE_URL", "ftp://models.example/v1"),
+])
+def test_a_bad_openai_setting_stops_the_start(monkeypatch, tmp_path, name, value):
+    monkeypatch.setenv(f"ORBITPILOT_OPENAI_{name}", value)
+    with pytest.raises(SettingError, match=f"^ORBITPILOT_OPENAI_{name}: "):
+        settings_from_env(tmp_path)
 
 
 def test_the_stream_function_posts_and_reads_a_chunked_stream(openai_server):
@@ -368,7 +397,7 @@ def test_the_honesty_note_comes_with_the_reply_when_chat_is_not_remembered(
         client, auth, db_session, use_openai):
     user = make_user(db_session, plan=make_plan(db_session, cap=4,
                                                 assignments={CHAT_HISTORY: False}))
-    expected = services.get_chat_memory(user, plans_of(db_session)).honesty_note
+    expected = chat_memory.get_chat_memory(user, plans_of(db_session)).honesty_note
     assert expected  # this plan does not remember chat history
     auth.login(user.email)
     body = ask(client, "Will you remember this?")
@@ -428,7 +457,7 @@ def test_a_failing_server_is_the_could_not_answer_refusal(app, client, signed_in
     caplog.set_level(logging.DEBUG)
     response = send(client, "Where is the xyzzy-ledger kept?")
     assert response.status_code == 502
-    assert response.get_json()["detail"] == services.NO_ANSWER
+    assert response.get_json()["detail"] == replies.NO_ANSWER
     assert message_count(db_session, signed_in.id) == 0
     assert len(use_openai.requests) == (0 if failure == "closed-port" else 1)
     assert "xyzzy" not in caplog.text and "sk-never-logged" not in caplog.text
@@ -440,7 +469,7 @@ def test_a_missing_setting_is_the_refusal_too(app, client, signed_in, monkeypatc
     monkeypatch.setitem(app.config, "ORBITPILOT_OPENAI_BASE_URL", None)
     response = send(client, "hello?")
     assert response.status_code == 502
-    assert response.get_json()["detail"] == services.NO_ANSWER
+    assert response.get_json()["detail"] == replies.NO_ANSWER
     assert use_openai.requests == []
 
 
@@ -496,7 +525,7 @@ def test_the_builtin_reply_streams_too(client, signed_in, db_session):
     response, events = streamed(client, "Hello there")
     assert [name for name, _ in events][-1] == "done"
     text = "".join(data["text"] for name, data in events if name == "delta").strip()
-    assert text == events[-1][1]["reply"]["content"] and text.startswith("You said:")
+    assert text == events[-1][1]["reply"]["content"] and text == NOTHING_RELEVANT
     assert message_count(db_session, signed_in.id) == 2
 
 
@@ -505,7 +534,7 @@ def test_a_stream_cut_off_midway_is_an_error_event_and_stores_nothing(
     use_openai.mode = "truncated"
     response, events = streamed(client, "Where is the ledger?")
     assert response.status_code == 200
-    assert events[-1] == ("error", {"status": 502, "detail": services.NO_ANSWER})
+    assert events[-1] == ("error", {"status": 502, "detail": replies.NO_ANSWER})
     assert {name for name, _ in events[:-1]} <= {"delta"}
     assert message_count(db_session, signed_in.id) == 0
 

@@ -10,8 +10,8 @@ import pytest
 
 from dashboard.memory import get_embedder, search_memory
 from dashboard.memory.embedders import MiniLMEmbedder, minilm_available
+from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import BuiltinResponder, ResponderContext, Turn
-from dashboard.orbitpilot.services import send_message
 from dashboard.orbitpilot.source import extract_chat_pairs
 from tests.factories import build, make_conversation, make_memory, make_plan, make_user
 

@@ -18,9 +18,10 @@ from dashboard.exports import DataExport, build_export, request_export
 from dashboard.memories import reach as reached
 from dashboard.memories.services import SCOPE_FOR_OPERATION, forget_memory
 from dashboard.memory import get_embedder
+from dashboard.orbitpilot.conversations import conversation_messages
 from dashboard.orbitpilot.models import Message, ReplyRecall
+from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import BuiltinResponder
-from dashboard.orbitpilot.services import conversation_messages, send_message
 from dashboard.sources import SAVED
 from dashboard.teams import services as teams
 from tests.factories import build, make_connection, make_key, make_plan, make_team, make_user
@@ -67,10 +68,10 @@ def test_a_members_reply_draws_on_the_team_names_it_and_says_who_saved_it(
     assert items["pilot"]["url"] == f"/teams/pilot/memories#memory-{shared.id}"
     assert (items["personal"]["item_id"], items["personal"]["team"]) == (str(own.id), None)
     assert items["personal"]["saved_by"] is None
-    # The built-in answer quotes the team's memory and names the team.
+    # The built-in answer quotes both, the team's named by its team.
     reply = body["reply"]["content"]
-    assert f"From the team Pilot's saved memory: \u201cHeron {canary}" in reply
-    assert "1 item from the memory of the team Pilot" in reply
+    assert f"the team Pilot's saved memory: \u201cHeron {canary}" in reply
+    assert f"your saved memory: \u201cMy Heron {canary}" in reply
     # Recorded in the member's own data: whose chunk each was, never the text.
     rows = db_session.scalars(select(ReplyRecall).where(
         ReplyRecall.message_id == body["reply"]["id"])).all()

@@ -256,9 +256,10 @@ def test_one_search_covers_a_person_and_their_teams_each_labelled(db_session,
         hits = reached.recall_for(db_session, reach, "Heron", 5, embedder=HashingEmbedder())
     assert {h.owner_id for h in hits} == {member.id, team.id}  # never the other team's
     assert len(hits) == 2
-    # The search itself is one statement (plus the saved memories' states, one more).
+    # The search itself is one statement (plus the saved memories' states, one more, and
+    # what the person marked "not relevant" in the chat, one more).
     assert len([s for s in q.statements if "<=>" in s]) == 1
-    assert q.count == 2
+    assert q.count == 3
 
 
 def test_only_an_owner_withdraws_or_replaces_an_invitation_to_be_an_owner(db_session):
