@@ -40,6 +40,7 @@ class DrewOn:
     team: str | None = None
     saved_by: str | None = None
     may_forget: bool = False  # a team's item: the person's role there lets them forget it
+    relevance: str = "relevant"  # or "possibly_related": recall was not sure of it
 
     @property
     def kind(self) -> str:
@@ -63,7 +64,8 @@ class DrewOn:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.recall_id, "source": self.source_key, "item_id": self.source_id,
                 "distance": round(self.distance, 4), "kind": self.kind, "title": self.title,
-                "owner": self.owner, "team": self.team, "saved_by": self.saved_by}
+                "owner": self.owner, "team": self.team, "saved_by": self.saved_by,
+                "relevance": self.relevance}
 
 
 def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn, ...]]:
@@ -85,7 +87,7 @@ def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn
     rows = session.execute(
         select(ReplyRecall.id, ReplyRecall.message_id, ReplyRecall.source_key,
                ReplyRecall.source_id, ReplyRecall.distance, item_text, ReplyRecall.user_id,
-               ReplyRecall.owner_id)
+               ReplyRecall.owner_id, ReplyRecall.relevance)
         .join(Message, Message.id == ReplyRecall.message_id)
         .where(Message.conversation_id == conversation_id, ReplyRecall.not_relevant.is_(False))
         .order_by(ReplyRecall.message_id, ReplyRecall.rank)
@@ -97,9 +99,9 @@ def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn
     reach = reach_of(session, user_id) if any(r.owner_id != user_id for r in rows) \
         else Reach.personal(user_id)
     rows = [row for row in rows if reach.reaches(row.owner_id)]
-    items = shown_drew_on(session, reach, [(id_, key, source_id, distance, item, owner)
-                                      for id_, _, key, source_id, distance, item, _, owner
-                                      in rows])
+    items = shown_drew_on(session, reach, [
+        (id_, key, source_id, distance, item, owner, relevance)
+        for id_, _, key, source_id, distance, item, _, owner, relevance in rows])
     out: dict[int, list[DrewOn]] = {}
     for row, shown in zip(rows, items, strict=True):
         out.setdefault(row.message_id, []).append(shown)
@@ -107,18 +109,20 @@ def drew_on_of(session: Session, conversation_id: int) -> dict[int, tuple[DrewOn
 
 
 def shown_drew_on(session: Session, reach: Reach,
-             rows: list[tuple[int, str, str, float, str, int]]) -> tuple[DrewOn, ...]:
-    """``(recall id, source, item id, distance, words, owner)`` rows as shown: whose each
+                  rows: list[tuple[int, str, str, float, str, int, str]]
+                  ) -> tuple[DrewOn, ...]:
+    """``(recall id, source, item id, distance, words, owner, relevance)`` rows as shown:
+    whose each
     is, a chat pair with the user turn it stands for (one query, only if there is a
     pair), a team's saved memory with who saved it (``attribute``: a few queries, only
     if there is one)."""
-    turns = _pair_turns(session, {source_id for _, key, source_id, _, _, _ in rows
+    turns = _pair_turns(session, {source_id for _, key, source_id, _, _, _, _ in rows
                                   if key == CHAT_HISTORY})
     saved_by = _saved_by(session, reach, [(source_id, owner)
-                                          for _, key, source_id, _, _, owner in rows
+                                          for _, key, source_id, _, _, owner, _ in rows
                                           if key == SAVED and reach.seat_of(owner)])
     shown = []
-    for id_, key, source_id, distance, item, owner in rows:
+    for id_, key, source_id, distance, item, owner, relevance in rows:
         seat = reach.seat_of(owner)
         memory = saved_by.get(source_id) if seat is not None else None
         shown.append(DrewOn(
@@ -126,7 +130,7 @@ def shown_drew_on(session: Session, reach: Reach,
             turns.get(source_id) if key == CHAT_HISTORY else None,
             owner=seat.slug if seat else PERSONAL, team=seat.name if seat else None,
             saved_by=memory[0] if memory else None,
-            may_forget=memory[1] if memory else False))
+            may_forget=memory[1] if memory else False, relevance=relevance))
     return tuple(shown)
 
 

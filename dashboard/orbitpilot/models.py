@@ -137,4 +137,7 @@ class ReplyRecall(db.Model):
     distance: Mapped[float] = mapped_column(Float)
     not_relevant: Mapped[bool] = mapped_column(Boolean, default=False,
                                                server_default="false")
+    # How sure recall was: "relevant", or "possibly_related" (shown, labelled so).
+    relevance: Mapped[str] = mapped_column(String(20), default="relevant",
+                                           server_default="relevant")
     created_at: Mapped[datetime] = created_at_column()

@@ -178,7 +178,8 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
         recalls = [ReplyRecall(message_id=answer.id, user_id=question.user_id,
                                owner_id=hit.owner_id or question.user_id, rank=rank,
                                source_key=hit.source_key, source_id=hit.source_id,
-                               chunk_id=hit.chunk_id, distance=hit.distance)
+                               chunk_id=hit.chunk_id, distance=hit.distance,
+                               relevance=hit.relevance)
                    for rank, hit in enumerate(hits) if hit.chunk_id is not None]
         session.add_all(recalls)
         session.flush()
@@ -189,7 +190,8 @@ def finish_send(session: Session, pending: PendingReply, reply: Reply) -> Exchan
     words = {hit.chunk_id: hit.content for hit in hits}
     reach = pending.reach or Reach.personal(question.user_id)
     drew_on = shown_drew_on(session, reach, [(r.id, r.source_key, r.source_id, r.distance,
-                                         words[r.chunk_id], r.owner_id) for r in recalls])
+                                              words[r.chunk_id], r.owner_id, r.relevance)
+                                             for r in recalls])
     asked, answered = with_questions([ShownMessage.of(question),
                                       ShownMessage.of(answer, drew_on)], {answer.id: question.id})
     return Exchange(conversation.id, conversation.title, asked, answered, dict(reply.drew_on),

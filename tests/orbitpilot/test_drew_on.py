@@ -168,3 +168,25 @@ def test_with_the_default_embedder_a_paraphrase_draws_on_the_saved_memory(
                    body["conversation_id"]).get_json()
     assert nothing["drew_on"]["items"] == []
     assert "I found nothing in your memory" in nothing["reply"]["content"]
+
+
+def test_an_item_recall_was_not_sure_of_is_labelled_possibly_related(
+        client, db_session, auth, monkeypatch):
+    """Within the cut, beyond the sure distance: listed, recorded and shown as possibly
+    related (here every hashing hit is beyond a sure distance of 0.01)."""
+    from dashboard.memory.embedders import HashingEmbedder
+
+    monkeypatch.setattr(HashingEmbedder, "sure_distance", 0.01, raising=False)
+    user, saved, _, _ = _world(db_session, "hashing", memory="Prefers aisle seats on trains",
+                               blink="Packing list for Lisbon", pair=("Hello", "Hi there."))
+    auth.login(user.email)
+    body = send(client, "aisle seats on planes?").get_json()
+    (item,) = [i for i in body["drew_on"]["items"] if i["source"] == SAVED]
+    assert item["relevance"] == "possibly_related"
+    row = db_session.scalars(select(ReplyRecall).where(
+        ReplyRecall.message_id == body["reply"]["id"], ReplyRecall.source_key == SAVED)).one()
+    assert row.relevance == "possibly_related"
+    page = parse(client.get(body["conversation_url"]).get_data(as_text=True))
+    (listed,) = [li for li in page.find(id=f"m{body['reply']['id']}").find_all(
+        data_op_drew_on_item=True) if li.attrs["data-source"] == SAVED]
+    assert listed.find(data_op_relevance=True).normalized_text == "possibly related"
