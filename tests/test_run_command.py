@@ -378,17 +378,20 @@ def mcp_asks_for_sign_in(port: int) -> None:
 
 
 def test_the_readme_example_recalls_by_meaning_and_a_kill_9_takes_the_run_down(runs):
-    """The README's curl example on the default (no EMBEDDER set): MiniLM recalls the
-    saved preference for a paraphrase, and says "no match" to what was never saved.
-    The same run serves MCP beside the pages, and then a kill -9 of the run command
-    alone takes its web server, worker and servers down (one run: each costs seconds)."""
+    """The README's curl examples on the default (no EMBEDDER set): the multilingual model
+    recalls the saved preference for a paraphrase, a French memory for a French and a
+    Chinese question, and says "no match" to what was never saved. "ready" is said once
+    the web workers hold the model: no search waits for a load. The same run serves MCP
+    beside the pages, and then a kill -9 of the run command alone takes its web server,
+    worker and servers down (one run: each costs seconds)."""
     run = runs(env={"EMBEDDER": None})
-    run.wait_serving()
+    assert wait_until(lambda: "==> ready: http://" in run.output() or run.proc.poll() is not None,
+                      timeout=240, every=0.2), run.output()[-3000:]
+    # The web workers loaded the model before they served: held already, nothing waited for.
+    assert web_workers_hold_the_model(run), run.output()[-3000:]
     mcp_asks_for_sign_in(run.port)
     # And the pages still answer (within seconds: a loaded machine may queue the request).
     assert wait_until(lambda: serves(run.port), timeout=15)
-    # Each web worker loads the model as it starts, before anyone searches.
-    assert wait_until(lambda: web_workers_hold_the_model(run), timeout=120), run.output()[-3000:]
     person = Browser(run.port)
     person.post_form("/auth/signin", [("email", "plus@demo.orbitpilot.test"),
                                       ("password", "orbit-demo-2026")])
@@ -404,10 +407,18 @@ def test_the_readme_example_recalls_by_meaning_and_a_kill_9_takes_the_run_down(r
                                        build)[0][0] == "succeeded", timeout=180), \
         run.output()[-3000:]
     assert run.rows("SELECT DISTINCT embedding_model FROM memory_chunks WHERE source_id = %s",
-                    saved["memory"]["id"]) == [("all-MiniLM-L6-v2",)]
+                    saved["memory"]["id"]) == [("use-m3+minilm-l6-v1",)]
     for query in ("seat preference", "what do I like on planes"):
         found = api(run.port, key, "/v1/memories/search", {"query": query, "k": 3})
         assert found["results"][0]["content"] == "Prefers aisle seats on long flights.", query
+    french = "Je suis allergique à la pénicilline."
+    build = api(run.port, key, "/v1/memories", {"content": french, "source": "chatgpt"})[
+        "build"]["id"]
+    assert wait_until(lambda: run.rows("SELECT status FROM memory_builds WHERE id = %s",
+                                       build)[0][0] == "succeeded", timeout=180)
+    for query in ("quel médicament je dois éviter ?", "我对什么药过敏？"):
+        found = api(run.port, key, "/v1/memories/search", {"query": query, "k": 3})
+        assert found["results"][0]["content"] == french, query
     never = api(run.port, key, "/v1/memories/search",
                 {"query": "the boiling point of tungsten", "k": 3})
     assert (never["results"], never["notice"]) == ([], NO_MATCH)
