@@ -24,13 +24,13 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 from sqlalchemy.orm import Session
 
+import dashboard.memories as memories
 from dashboard.access import Credential, Reach, reach_of
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services as connections
 from dashboard.extensions import db
 from dashboard.memories import reach as reached
-from dashboard.memories import services
 from dashboard.memories.keys import authenticate_key, credential_of
 from dashboard.memory import embedder_model_name, get_embedder, recall_cut, settings_from
 from dashboard.refusals import Refusal
@@ -119,7 +119,7 @@ def save_memory(
 def search_memory(
     session: Session, who: Principal, reach: Reach, config: Mapping[str, Any], /,
     query: Annotated[str, Field(description="What to recall, in words.")],
-    k: Annotated[int, Field(ge=1, le=services.MAX_RECALL_K,
+    k: Annotated[int, Field(ge=1, le=memories.MAX_RECALL_K,
                             description="How many results.")] = 5,
     team: Annotated[str | None, Field(description=TEAM_FILTER)] = None,
     author: Annotated[int | None, Field(description=AUTHOR_FILTER)] = None,
@@ -134,7 +134,7 @@ def search_memory(
         max_distance=recall_cut(config["RECALL_MAX_DISTANCE"]),
         scopes=who.scopes, filters=reached.Filters.parse(team, author, app))
     return {"results": reached.described_hits(session, reach, hits),
-            "notice": None if hits else services.NO_MATCH}
+            "notice": None if hits else memories.NO_MATCH}
 
 
 def list_memories(
@@ -175,7 +175,7 @@ def update_memory(
     """Change a saved memory's text or labels (the old version is kept)."""
     found = reached.find_for(session, reach, memory_id, operation="update",
                              scopes=who.scopes)
-    memory, _ = services.change_memory(session, found.owner_id, memory_id, content=content,
+    memory, _ = memories.change_memory(session, found.owner_id, memory_id, content=content,
                                        metadata=metadata, actor=who.actor, scopes=who.scopes)
     return reached.described(session, reach, [memory])[0]
 
@@ -191,7 +191,7 @@ def forget_memory(
 ) -> dict[str, Any]:
     """Forget one memory by its id: it stops being recalled at once."""
     found = reached.find_for(session, reach, memory_id, operation=mode, scopes=who.scopes)
-    receipt = services.forget_memory(session, found.owner_id, memory_id, mode=mode,
+    receipt = memories.forget_memory(session, found.owner_id, memory_id, mode=mode,
                                      actor=who.actor, scopes=who.scopes, reason=reason)
     return {"receipt": receipt.to_dict()}
 
@@ -203,7 +203,7 @@ def restore_memory(
     """Bring back a soft-deleted memory."""
     found = reached.find_for(session, reach, memory_id, operation="restore",
                              scopes=who.scopes)
-    receipt = services.restore_memory(session, found.owner_id, memory_id, actor=who.actor,
+    receipt = memories.restore_memory(session, found.owner_id, memory_id, actor=who.actor,
                                       scopes=who.scopes)
     return {"receipt": receipt.to_dict()}
 
@@ -215,10 +215,10 @@ def memory_status(
 ) -> dict[str, Any]:
     """Which of the user's sources their memory holds (or a team's, when named), each
     in the sentence the Memory Status page shows, and when it was last built."""
-    services.check_scope(who.scopes, "status")
+    memories.check_scope(who.scopes, "status")
     seat = reached.seat_for(reach, team)  # a team out of reach: as none at all
     user = session.get(User, seat.team_id if seat else reach.user_id)
-    status = services.status_of(session, user, scopes=who.scopes, embedder_name=(
+    status = memories.status_of(session, user, scopes=who.scopes, embedder_name=(
         embedder_model_name(settings_from(config).embedder)))
     last = status.last_success or status.last_build
     return {"plan": status.plan_name, "sources": [
@@ -227,8 +227,8 @@ def memory_status(
         "last_build": last.finished_at.isoformat() if last and last.finished_at else None}
 
 
-def _saved_items(memories: Iterable[dict[str, Any]]) -> list[connections.Handed]:
-    return [connections.Handed(SAVED, m["id"], m["id"]) for m in memories]
+def _saved_items(items: Iterable[dict[str, Any]]) -> list[connections.Handed]:
+    return [connections.Handed(SAVED, m["id"], m["id"]) for m in items]
 
 
 def _hits_handed(result: dict[str, Any]) -> list[connections.Handed]:
@@ -297,7 +297,7 @@ def run_tool(app: Flask, principal: Callable[[Session], Principal], tool: Tool,
         except ToolError:
             session.rollback()
             raise
-        except services.ScopeMissing as exc:
+        except memories.ScopeMissing as exc:
             session.rollback()
             if who is None or who.caller is None:  # a key (stdio): the service's words
                 raise ToolError(exc.sentence) from None
