@@ -31,6 +31,7 @@ from dashboard.memories.openapi import (
     ALWAYS,
     BODY,
     HEADER,
+    MEMORY_ID_SEGMENT,
     TARGET,
     Problem,
     Responses,
@@ -517,7 +518,7 @@ class MemoryIdConverter(BaseConverter):
     ``/v1/memories/export`` is never a memory too (nor lists a memory's methods in a
     405's ``Allow``). The service parses the id: a malformed one is a 404 like any other."""
 
-    regex = r"(?!(?:export|search)$)[^/]+"
+    regex = MEMORY_ID_SEGMENT
 
 
 def init_api(app: Flask) -> None:
