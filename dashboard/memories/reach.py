@@ -428,11 +428,3 @@ def _waiting(session: Session, memory: Memory) -> bool:
     return session.scalar(select(ForgetMarker.id).where(
         ForgetMarker.memory_id == memory.id, ForgetMarker.pending_hold,
         ForgetMarker.completed_by_id.is_(None)).limit(1)) is not None
-
-
-def authored_in_teams(session: Session, author_id: int) -> list[Memory]:
-    """What a person saved to teams (every status), for their own export and erasure."""
-    return list(session.scalars(
-        select(Memory).join(User, User.id == Memory.owner_id)
-        .where(Memory.author_id == author_id, User.kind == "team")
-        .order_by(Memory.created_at, Memory.id)))
