@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import Select, select, tuple_
 from sqlalchemy.orm import Session
 
 from dashboard.memories.models import MEMORY_STATUSES, Memory
@@ -63,7 +63,14 @@ def list_memories(session: Session, owner_id: int, *, status: str | None = None,
     inserts, no offset to skip through)."""
     check_scope(scopes, "list")
     size = clamp_limit(limit)
-    query = select(Memory).where(Memory.owner_id == owner_id)
+    return page_of(session, select(Memory).where(Memory.owner_id == owner_id), size,
+                   status=status, cursor=cursor)
+
+
+def page_of(session: Session, query: Select[tuple[Memory]], size: int, *,
+            status: str | None, cursor: str | None) -> Page:
+    """A page of ``query``'s memories in ``status`` after ``cursor``, newest first: the
+    owner's own list and a caller's reach (``reach.list_for``) page alike."""
     if status is not None:
         if status not in MEMORY_STATUSES:
             raise InvalidMemoryInput(f"status must be one of {', '.join(MEMORY_STATUSES)}.",

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, String, and_, column, select, table, tuple_
+from sqlalchemy import ColumnElement, Integer, String, and_, column, select, table
 from sqlalchemy.orm import Session
 
 from dashboard.access import (
@@ -29,7 +29,7 @@ from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.memories import editing, forgetting, listing, reading, receipts, rules
 from dashboard.memories.listing import Page
-from dashboard.memories.models import MEMORY_STATUSES, ApiKey, ForgetMarker, Memory
+from dashboard.memories.models import ApiKey, ForgetMarker, Memory
 from dashboard.memories.reading import Recalled
 from dashboard.memories.rules import (
     GONE,
@@ -235,20 +235,8 @@ def list_for(session: Session, reach: Reach, *, filters: Filters = Filters(),
     narrow it), newest first, a page at a time (keyset)."""
     check_scope(scopes, "list")
     size = listing.clamp_limit(limit)
-    query = select(Memory).where(*_filtered(session, reach, filters))
-    if status is not None:
-        if status not in MEMORY_STATUSES:
-            raise InvalidMemoryInput(f"status must be one of {', '.join(MEMORY_STATUSES)}.",
-                                     "status")
-        query = query.where(Memory.status == status)
-    if cursor:
-        at, id_ = listing.decode_cursor(cursor)
-        query = query.where(tuple_(Memory.created_at, Memory.id) < tuple_(at, id_))
-    rows = list(session.scalars(
-        query.order_by(Memory.created_at.desc(), Memory.id.desc()).limit(size + 1)))
-    more = len(rows) > size
-    rows = rows[:size]
-    return Page(rows, listing.encode_cursor(rows[-1]) if more and rows else None)
+    return listing.page_of(session, select(Memory).where(*_filtered(session, reach, filters)),
+                           size, status=status, cursor=cursor)
 
 
 # -- recall ----------------------------------------------------------------------------------
