@@ -53,11 +53,11 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup():
+    from dashboard import memories
     from dashboard.audit.services import Actor
     from dashboard.auth.models import User
     from dashboard.connectors import services as connections
     from dashboard.embedded import OWNER_ROLE
-    from dashboard.memories import services
     from dashboard.memories.keys import create_key
     from dashboard.memory import MemoryBuild, execute_build, get_embedder, settings_from
 
@@ -75,7 +75,7 @@ def setup():
         db.session.add(user)
         db.session.flush()
         for i in range(200):
-            services.save_memory(db.session, owner=user, content=f"Fact {i}: prefers seat "
+            memories.save_memory(db.session, owner=user, content=f"Fact {i}: prefers seat "
                                  f"{i % 30} on flight {i}.", actor=Actor.of(user))
         _, raw_key = create_key(db.session, owner=user, name="bench",
                                 scopes=["memory:read"], actor=Actor.of(user))

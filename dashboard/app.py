@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from dashboard.auth.views import bp as auth_bp
 from dashboard.auth.views import load_user, throttle_signin
 from dashboard.blinks.views import bp as blinks_bp
 from dashboard.cli import register_cli
-from dashboard.config import settings_from_env
+from dashboard.config import instance_folder, settings_from_env
 from dashboard.connectors.mcp_http import init_mcp
 from dashboard.connectors.models import OAuthGrant
 from dashboard.connectors.views import bp as connectors_bp
@@ -69,9 +68,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 def build_app(config: Mapping[str, Any] | None = None) -> Flask:
     instance_path = Path(
-        (config or {}).get("INSTANCE_PATH")
-        or os.environ.get("ORBITPILOT_INSTANCE")
-        or PROJECT_ROOT / "instance"
+        (config or {}).get("INSTANCE_PATH") or instance_folder(PROJECT_ROOT / "instance")
     ).resolve()
     instance_path.mkdir(parents=True, exist_ok=True)
     app = Flask(

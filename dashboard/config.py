@@ -38,6 +38,27 @@ def _env(name: str, default: Any, coercer: Callable[[str], Any] = str) -> Any:
         raise SettingError(f"{name}: {exc}") from None
 
 
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 < port < 65536:
+        raise ValueError("not a port: a number from 1 to 65535")
+    return port
+
+
+def _at_least_one(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise ValueError("must be 1 or more")
+    return number
+
+
+def instance_folder(default: Path) -> Path:
+    """Where the app keeps its instance files (keys, the embedded servers' data):
+    ``ORBITPILOT_INSTANCE``, else ``default``. Read before the other settings, which
+    default to paths under it."""
+    return Path(_env("ORBITPILOT_INSTANCE", default))
+
+
 def _instance_secret_key(instance_path: Path, name: str = "secret_key") -> str:
     """A key generated once and kept under instance/, so sessions survive restarts.
 
@@ -151,6 +172,14 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         # its subdomains); any other Host is a 400. Unset: any well-formed host name.
         "TRUSTED_HOSTS": _env("TRUSTED_HOSTS", None,
                               lambda v: [h.strip() for h in v.split(",") if h.strip()]),
+        # Where ./scripts/run serves (the run command's gunicorn) and with how many worker
+        # processes (four threads each).
+        "HOST": _env("HOST", "127.0.0.1"),
+        "PORT": _env("PORT", 5000, _port),
+        "WEB_WORKERS": _env("WEB_WORKERS", 2, _at_least_one),
+        # The API key `flask mcp stdio` serves with (never an argument: arguments show in
+        # the process list).
+        "ORBITPILOT_API_KEY": _env("ORBITPILOT_API_KEY", None),
         # Largest request body accepted (bytes); bigger ones get a clear 413.
         "MAX_CONTENT_LENGTH": _env("MAX_CONTENT_LENGTH", 10 * 1024 * 1024, int),
         **build_settings(),

@@ -173,9 +173,6 @@ class _Stop(Exception):
 
 
 def main() -> int:
-    host = os.environ.get("HOST", "127.0.0.1")
-    port = os.environ.get("PORT", "5000")
-    web_workers = os.environ.get("WEB_WORKERS", "2")
     requests: list[int] = []
     state = {"stopping": False}
 
@@ -189,12 +186,13 @@ def main() -> int:
     become_subreaper()
 
     app = create_app()
+    host, port, web_workers = app.config["HOST"], app.config["PORT"], app.config["WEB_WORKERS"]
     binding = app.extensions.get("orbitpilot.embedded")
     children = [
         Child("worker", [sys.executable, "-m", "flask", "worker"]),
         Child("web server", [
             sys.executable, "-m", "gunicorn", "--bind", f"{host}:{port}",
-            "--workers", web_workers, "--threads", "4", "--graceful-timeout", "5",
+            "--workers", str(web_workers), "--threads", "4", "--graceful-timeout", "5",
             "--access-logfile", "-", "--access-logformat", ACCESS_LOG_FORMAT,
             "--no-control-socket", "--config", "python:dashboard.gunicorn_hooks", "wsgi:app",
         ]),

@@ -20,9 +20,9 @@ from dashboard import sources
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
+from dashboard.memories import save_memory
 from dashboard.memories.keys import create_key
 from dashboard.memories.models import ApiKey, Memory
-from dashboard.memories.services import save_memory
 from dashboard.memory import MemoryBuild, get_embedder
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.pipeline import BuildResult, run_memory_build

@@ -61,3 +61,27 @@ def test_a_number_setting_that_is_no_number_stops_the_start(monkeypatch, tmp_pat
     monkeypatch.setenv("TRUSTED_PROXIES", "two")
     with pytest.raises(SettingError, match="^TRUSTED_PROXIES: "):
         settings_from_env(tmp_path)
+
+
+@pytest.mark.parametrize("name,bad", [("PORT", "80a"), ("PORT", "0"), ("PORT", "70000"),
+                                      ("WEB_WORKERS", "0"), ("WEB_WORKERS", "two")])
+def test_where_the_run_command_serves_is_read_strictly(monkeypatch, tmp_path, name, bad):
+    from dashboard.config import SettingError, settings_from_env
+
+    monkeypatch.setenv(name, bad)
+    with pytest.raises(SettingError, match=f"^{name}: "):
+        settings_from_env(tmp_path)
+
+
+def test_the_run_command_and_stdio_read_their_settings_from_the_environment(monkeypatch,
+                                                                            tmp_path):
+    from dashboard.config import instance_folder, settings_from_env
+
+    for name, value in (("HOST", "0.0.0.0"), ("PORT", "8080"), ("WEB_WORKERS", "3"),
+                        ("ORBITPILOT_API_KEY", "op_key"),
+                        ("ORBITPILOT_INSTANCE", str(tmp_path / "elsewhere"))):
+        monkeypatch.setenv(name, value)
+    settings = settings_from_env(tmp_path)
+    assert (settings["HOST"], settings["PORT"], settings["WEB_WORKERS"]) == ("0.0.0.0", 8080, 3)
+    assert settings["ORBITPILOT_API_KEY"] == "op_key"
+    assert instance_folder(tmp_path / "default") == tmp_path / "elsewhere"

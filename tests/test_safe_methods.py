@@ -15,7 +15,7 @@ from sqlalchemy import text
 from dashboard.audit.services import SYSTEM
 from dashboard.auth.models import User
 from dashboard.documents.models import Document
-from dashboard.memories.services import forget_memory
+from dashboard.memories import forget_memory
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.teams.services import invite, membership
 from tests.conftest import csrf_from

@@ -61,16 +61,8 @@ class User(UserMixin, db.Model):
         return self.active
 
     @property
-    def is_team(self) -> bool:
-        return self.kind == "team"
-
-    @property
     def is_staff(self) -> bool:
         return self.role in STAFF_ROLES
-
-    @property
-    def is_admin(self) -> bool:
-        return self.role == "admin"
 
     def __repr__(self) -> str:
         return f"<User {self.id} {self.role}>"

@@ -4,7 +4,6 @@ VS Code) that starts a command, signed in with an API key from the environment."
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import click
@@ -31,7 +30,7 @@ def mcp_group() -> None:
 def stdio(source: str) -> None:
     """Serve MCP on stdin/stdout with the API key in ORBITPILOT_API_KEY (never an
     argument: arguments show in the process list)."""
-    raw = os.environ.get(KEY_VARIABLE, "")
+    raw = current_app.config["ORBITPILOT_API_KEY"]
     if not raw:
         raise click.ClickException(f"Set {KEY_VARIABLE} to an API key (create one on "
                                    "/settings/keys).")

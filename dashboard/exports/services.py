@@ -42,9 +42,9 @@ from dashboard.exports.sections import (
 )
 from dashboard.holds import is_held
 from dashboard.ids import find_owned
+from dashboard.memories import Receipt, receipt_of
 from dashboard.memories import reach as reached
 from dashboard.memories.models import ForgetMarker, Memory
-from dashboard.memories.services import Receipt, receipt_of
 from dashboard.memory import Call, defer_job
 from dashboard.refusals import Gone, NotFound, TooSoon
 from dashboard.sources import SAVED

@@ -23,14 +23,15 @@ from werkzeug.routing import BaseConverter
 from dashboard.access import Reach, reach_of
 from dashboard.audit.services import Actor
 from dashboard.extensions import csrf, db
+from dashboard.memories import editing, forgetting, reading, rules
 from dashboard.memories import reach as reached
-from dashboard.memories import services
 from dashboard.memories.keys import authenticate_key, credential_of
 from dashboard.memories.models import ApiKey
 from dashboard.memories.openapi import (
     ALWAYS,
     BODY,
     HEADER,
+    MEMORY_ID_SEGMENT,
     TARGET,
     Problem,
     Responses,
@@ -38,6 +39,7 @@ from dashboard.memories.openapi import (
     document,
     spec,
 )
+from dashboard.memories.receipts import find_receipt, receipts_of_memory
 from dashboard.memories.schemas import (
     DeleteOut,
     DeleteQuery,
@@ -107,7 +109,7 @@ REFUSALS = {
 @bp.errorhandler(Refusal)
 def _service_refused(exc: Refusal):
     status, title = REFUSALS.get(exc.kind, (400, "Bad request"))
-    if status == 403 and not isinstance(exc, services.ScopeMissing):
+    if status == 403 and not isinstance(exc, rules.ScopeMissing):
         title = "Forbidden"  # a team role or policy, not the key's scopes
     errors = [{"field": exc.field or "body", "detail": exc.sentence}] if status == 422 \
         else None
@@ -128,7 +130,7 @@ def _too_many(exc: RateLimitExceeded):
 
 # -- keys, scopes and bodies ---------------------------------------------------------------
 
-# view → its operation in services.SCOPE_FOR_OPERATION; None: the mode in the request
+# view → its operation in rules.SCOPE_FOR_OPERATION; None: the mode in the request
 # decides (the service checks it once the mode is read).
 _OPERATION: dict[str, str | None] = {}
 _BODY: dict[str, bool] = {}  # view → whether its JSON body is required
@@ -137,9 +139,9 @@ _BODY: dict[str, bool] = {}  # view → whether its JSON body is required
 def _needs(operation: str | None) -> str:
     """What the document says a route needs, read from the services' table."""
     if operation is not None:
-        return f"Needs {services.SCOPE_FOR_OPERATION[operation]}."
+        return f"Needs {rules.SCOPE_FOR_OPERATION[operation]}."
     return "Needs, by mode: " + "; ".join(
-        f"{mode} {services.SCOPE_FOR_OPERATION[mode]}" for mode in services.FORGET_MODES) + "."
+        f"{mode} {rules.SCOPE_FOR_OPERATION[mode]}" for mode in rules.FORGET_MODES) + "."
 
 
 def _route(rule: str, method: str, *, operation: str | None,
@@ -215,7 +217,7 @@ def _authenticate() -> None:
     if operation is not None:
         # Before the body is read (415, 400, 422): a key without the scope learns
         # nothing more. The service the view calls checks it again.
-        services.check_scope(key.scopes, operation)
+        rules.check_scope(key.scopes, operation)
     _read_body(view)
 
 
@@ -335,7 +337,7 @@ def search_memories() -> ApiResult:
         max_distance=recall_cut(current_app.config["RECALL_MAX_DISTANCE"]),
         scopes=key.scopes, filters=reached.Filters.parse(body.team, body.author, body.app))
     payload = {"results": reached.described_hits(db.session, reach, hits),
-               "notice": None if hits else services.NO_MATCH}
+               "notice": None if hits else reading.NO_MATCH}
     db.session.commit()
     return payload, 200
 
@@ -348,7 +350,7 @@ def export_memories() -> ApiResult:
     """Everything remembered about the key's owner, as one JSON file: saved memories in
     every status and the chunks of the last builds."""
     key = _key()
-    payload = services.export_memories(db.session, key.owner_id, scopes=key.scopes)
+    payload = reading.export_memories(db.session, key.owner_id, scopes=key.scopes)
     db.session.commit()
     name = f"orbitpilot-memories-{datetime.now(UTC):%Y-%m-%d}.json"
     return payload, 200, {"Content-Disposition": f"attachment; filename={name}"}
@@ -381,7 +383,7 @@ def update_memory(memory_id: str) -> ApiResult:
     reach = _reach(key)
     found = reached.find_for(db.session, reach, memory_id, operation="update",
                              scopes=key.scopes)
-    memory, _ = services.change_memory(db.session, found.owner_id, memory_id,
+    memory, _ = editing.change_memory(db.session, found.owner_id, memory_id,
                                        content=body.content, metadata=body.metadata,
                                        actor=_actor(key), scopes=key.scopes)
     payload = _described(reach, memory)
@@ -399,7 +401,7 @@ def delete_memory(memory_id: str) -> ApiResult:
     key = _key()
     found = reached.find_for(db.session, _reach(key), memory_id, operation=query.mode,
                              scopes=key.scopes)
-    receipt = services.forget_memory(db.session, found.owner_id, memory_id, mode=query.mode,
+    receipt = forgetting.forget_memory(db.session, found.owner_id, memory_id, mode=query.mode,
                                      actor=_actor(key), scopes=key.scopes, reason=query.reason)
     payload = {"receipt": receipt.to_dict()}
     db.session.commit()
@@ -421,13 +423,13 @@ def forget_memory(memory_id: str) -> ApiResult:
     found = reached.find_for(db.session, reach, memory_id, operation=body.mode,
                              scopes=key.scopes)
     owner_id = found.owner_id
-    receipt = services.forget_memory(
+    receipt = forgetting.forget_memory(
         db.session, owner_id, memory_id, mode=body.mode, actor=_actor(key),
         scopes=key.scopes, reason=body.reason, replacement_content=body.replacement_content,
         metadata=body.metadata)
     # What the forget left, read as its own result (no second scope, as its receipt).
     memory = None if body.mode == "hard_delete" else \
-        _described(reach, services.find_memory(db.session, owner_id, memory_id))
+        _described(reach, rules.find_memory(db.session, owner_id, memory_id))
     payload = {"receipt": receipt.to_dict(), "memory": memory}
     db.session.commit()
     return payload, 200
@@ -445,10 +447,10 @@ def restore_memory(memory_id: str) -> ApiResult:
     reach = _reach(key)
     owner_id = reached.find_for(db.session, reach, memory_id, operation="restore",
                                 scopes=key.scopes).owner_id
-    receipt = services.restore_memory(db.session, owner_id, memory_id, actor=_actor(key),
+    receipt = forgetting.restore_memory(db.session, owner_id, memory_id, actor=_actor(key),
                                       scopes=key.scopes, reason=body.reason,
                                       metadata=body.metadata)
-    memory = services.find_memory(db.session, owner_id, memory_id)
+    memory = rules.find_memory(db.session, owner_id, memory_id)
     payload = {"memory": _described(reach, memory), "receipt": receipt.to_dict(),
                "build": _build(receipt.build)}
     db.session.commit()
@@ -483,7 +485,7 @@ def list_memory_receipts(memory_id: str) -> ApiResult:
     oldest first; they remain after a hard delete."""
     key = _key()
     reach = _reach(key)
-    receipts = services.receipts_of_memory(db.session, reach.owner_ids, memory_id,
+    receipts = receipts_of_memory(db.session, reach.owner_ids, memory_id,
                                            scopes=key.scopes)
     if not receipts:
         reached.find_for(db.session, reach, memory_id)  # none at all: 404
@@ -499,7 +501,7 @@ def get_erasure_receipt(marker_id: str) -> ApiResult:
     """One erasure receipt, by the marker_id a forget or restore returned (of the owner's
     memory or a team's the key acts for)."""
     key = _key()
-    payload = services.find_receipt(db.session, _reach(key).owner_ids, marker_id,
+    payload = find_receipt(db.session, _reach(key).owner_ids, marker_id,
                                     scopes=key.scopes).to_dict()
     db.session.commit()
     return payload, 200
@@ -516,7 +518,7 @@ class MemoryIdConverter(BaseConverter):
     ``/v1/memories/export`` is never a memory too (nor lists a memory's methods in a
     405's ``Allow``). The service parses the id: a malformed one is a 404 like any other."""
 
-    regex = r"(?!(?:export|search)$)[^/]+"
+    regex = MEMORY_ID_SEGMENT
 
 
 def init_api(app: Flask) -> None:

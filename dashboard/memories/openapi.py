@@ -148,6 +148,9 @@ spec = SpecTree(
 )
 
 
+# A memory's id in a path: any segment but the collection's own words (the routes'
+# converter, ``api.MemoryIdConverter``, and the document say the same).
+MEMORY_ID_SEGMENT = r"(?!(?:export|search)$)[^/]+"
 MEMORY_ID_HELP = ("The memory's id (a UUID); a malformed or unknown one is a 404, like "
                   "someone else's.")
 
@@ -163,7 +166,8 @@ def document() -> dict[str, Any]:
         for operation in operations.values():
             for parameter in operation.get("parameters", ()):
                 if parameter["name"] == "memory_id" and parameter.get("schema") is None:
-                    parameter["schema"] = {"type": "string"}
+                    parameter["schema"] = {"type": "string",
+                                           "pattern": f"^{MEMORY_ID_SEGMENT}$"}
                     parameter["description"] = MEMORY_ID_HELP
     return document
 

@@ -29,13 +29,14 @@ from dashboard.access import Action, TeamSeat, may, reach_of
 from dashboard.audit.services import Actor
 from dashboard.errors import refusal_status
 from dashboard.extensions import db
+from dashboard.memories import forgetting, listing, rules
 from dashboard.memories import reach as reached
-from dashboard.memories import services
+from dashboard.memories.forgetting import REDACTED
 from dashboard.memories.models import MEMORY_STATUSES, Memory
-from dashboard.memories.services import (
+from dashboard.memories.receipts import find_receipt, receipts_of_memory
+from dashboard.memories.rules import (
     MAX_CONTENT,
     MAX_REASON,
-    REDACTED,
     InvalidMemoryInput,
     MemoryBusy,
     MemoryConflict,
@@ -136,7 +137,7 @@ def _find(raw_id: object) -> Memory:
     """The signed-in user's memory, else the service's 404 (unknown, someone else's,
     malformed — one answer) or 410 (hard-deleted)."""
     try:
-        return services.find_memory(db.session, current_user.id, raw_id)
+        return rules.find_memory(db.session, current_user.id, raw_id)
     except Refusal as exc:
         _refuse(exc)
 
@@ -164,7 +165,7 @@ def index():
         abort(400, BAD_STATUS)
     cursor = request.args.get("cursor") or None
     try:
-        page = services.list_memories(db.session, current_user.id,
+        page = listing.list_memories(db.session, current_user.id,
                                       status=None if status == "all" else status,
                                       limit=PAGE_SIZE, cursor=cursor)
     except InvalidMemoryInput:
@@ -180,7 +181,7 @@ def index():
 def detail(memory_id: str):
     """One memory and the receipts of everything done to it."""
     memory = _find(memory_id)
-    receipts = services.receipts_of_memory(db.session, current_user.id, memory.id)
+    receipts = receipts_of_memory(db.session, current_user.id, memory.id)
     return render_template("memories/memory_detail.html", memory=memory, receipts=receipts,
                            modes=MODE_LABELS, hard_delete=HARD_DELETE)
 
@@ -211,7 +212,7 @@ def forget(memory_id: str | None = None):
         return _forget_page(memory, form, mode, 400)
     replacement = form.replacement_content.data if mode == "redact" else None
     try:
-        receipt = services.forget_memory(
+        receipt = forgetting.forget_memory(
             db.session, current_user.id, memory.id, mode=mode, actor=Actor.of(current_user),
             scopes=None, reason=form.reason.data,
             # An empty box means the default, "[REDACTED]".
@@ -258,7 +259,7 @@ def restore(memory_id: str | None = None):
     if not form.validate_on_submit():
         return page(400)
     try:
-        services.restore_memory(db.session, current_user.id, memory.id,
+        forgetting.restore_memory(db.session, current_user.id, memory.id,
                                 actor=Actor.of(current_user), scopes=None,
                                 reason=form.reason.data)
     except InvalidMemoryInput as exc:
@@ -330,7 +331,7 @@ def share(memory_id: str):
 
 def _find_locked(memory_id: object) -> Memory:
     try:
-        return services.find_memory(db.session, current_user.id, memory_id, lock=True)
+        return rules.find_memory(db.session, current_user.id, memory_id, lock=True)
     except Refusal as exc:
         _refuse(exc)
 
@@ -341,10 +342,10 @@ def receipt(marker_id: str):
     """An erasure receipt: ids, states, counts, the audit event and the vacuum — no
     content. With the other receipts of the same memory."""
     try:
-        shown = services.find_receipt(db.session, current_user.id, marker_id)
+        shown = find_receipt(db.session, current_user.id, marker_id)
     except Refusal as exc:
         _refuse(exc)
-    receipts = services.receipts_of_memory(db.session, current_user.id, shown.memory_id)
+    receipts = receipts_of_memory(db.session, current_user.id, shown.memory_id)
     return render_template("memories/memory_receipt.html", receipt=shown, receipts=receipts,
                            modes=MODE_LABELS, backups=backup_horizon(shown.created_at))
 

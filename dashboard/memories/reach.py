@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, String, and_, column, select, table, tuple_
+from sqlalchemy import ColumnElement, Integer, String, and_, column, select, table
 from sqlalchemy.orm import Session
 
 from dashboard.access import (
@@ -28,17 +28,17 @@ from dashboard.access import (
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.demotions import demote, demoted_for, widened
-from dashboard.memories import services
-from dashboard.memories.models import MEMORY_STATUSES, ApiKey, ForgetMarker, Memory
-from dashboard.memories.services import (
+from dashboard.memories import editing, forgetting, listing, reading, receipts, rules
+from dashboard.memories.listing import Page
+from dashboard.memories.models import ApiKey, ForgetMarker, Memory
+from dashboard.memories.reading import Recalled
+from dashboard.memories.rules import (
     GONE,
     NOT_FOUND,
     InvalidMemoryInput,
     MemoryConflict,
     MemoryGone,
     MemoryNotFound,
-    Page,
-    Recalled,
     Scopes,
     check_scope,
     parse_memory_id,
@@ -90,7 +90,7 @@ def _refuse(seat: TeamSeat, action: Action) -> None:
 def save_for(session: Session, reach: Reach, *, team: object = None, content: object,
              metadata: object = None, source: object = "api", actor: Actor,
              api_key_id: int | None = None, oauth_client_pk: int | None = None,
-             client_name: str | None = None, scopes: Scopes = None) -> services.Saved:
+             client_name: str | None = None, scopes: Scopes = None) -> editing.Saved:
     """Save to the caller's own memory, or to the team ``team`` names if their role may
     write there; the caller is its author, with the credential that carried the call."""
     check_scope(scopes, "save")
@@ -100,7 +100,7 @@ def save_for(session: Session, reach: Reach, *, team: object = None, content: ob
     owner = session.get(User, seat.team_id if seat else reach.user_id)
     if seat is not None:
         note_activity(session, seat.team_id, reach.user_id)
-    return services.save_memory(session, owner=owner, content=content, metadata=metadata,
+    return editing.save_memory(session, owner=owner, content=content, metadata=metadata,
                                 source=source, actor=actor, api_key_id=api_key_id,
                                 client_name=client_name, author_id=reach.user_id,
                                 oauth_client_pk=oauth_client_pk)
@@ -109,21 +109,21 @@ def save_for(session: Session, reach: Reach, *, team: object = None, content: ob
 def share_to_team(session: Session, reach: Reach, memory_id: object, team: object, *,
                   actor: Actor, api_key_id: int | None = None,
                   oauth_client_pk: int | None = None, scopes: Scopes = None
-                  ) -> services.Saved:
+                  ) -> editing.Saved:
     """Copy one of the caller's own active memories to a team, with its provenance (the
     original's id): deliberate, never silent; the original stays the caller's."""
     check_scope(scopes, "save")
     seat = seat_for(reach, team)
     if seat is None:
         raise InvalidMemoryInput("Name the team to share to.", "team")
-    original = services.find_memory(session, reach.user_id, memory_id)
+    original = rules.find_memory(session, reach.user_id, memory_id)
     if not may(seat, Action.SHARE):
         _refuse(seat, Action.SHARE)
     if original.status != "active":
         raise MemoryConflict("Only an active memory can be shared.")
     owner = session.get(User, seat.team_id)
     note_activity(session, seat.team_id, reach.user_id)
-    saved = services.save_memory(session, owner=owner, content=original.content,
+    saved = editing.save_memory(session, owner=owner, content=original.content,
                                  metadata=original.metadata_, source=original.source,
                                  actor=actor, api_key_id=api_key_id,
                                  client_name=None, author_id=reach.user_id,
@@ -235,21 +235,9 @@ def list_for(session: Session, reach: Reach, *, filters: Filters = Filters(),
     """What the caller reaches (their own and their teams' memories, or as ``filters``
     narrow it), newest first, a page at a time (keyset)."""
     check_scope(scopes, "list")
-    size = services.clamp_limit(limit)
-    query = select(Memory).where(*_filtered(session, reach, filters))
-    if status is not None:
-        if status not in MEMORY_STATUSES:
-            raise InvalidMemoryInput(f"status must be one of {', '.join(MEMORY_STATUSES)}.",
-                                     "status")
-        query = query.where(Memory.status == status)
-    if cursor:
-        at, id_ = services.decode_cursor(cursor)
-        query = query.where(tuple_(Memory.created_at, Memory.id) < tuple_(at, id_))
-    rows = list(session.scalars(
-        query.order_by(Memory.created_at.desc(), Memory.id.desc()).limit(size + 1)))
-    more = len(rows) > size
-    rows = rows[:size]
-    return Page(rows, services.encode_cursor(rows[-1]) if more and rows else None)
+    size = listing.clamp_limit(limit)
+    return listing.page_of(session, select(Memory).where(*_filtered(session, reach, filters)),
+                           size, status=status, cursor=cursor)
 
 
 # -- recall ----------------------------------------------------------------------------------
@@ -262,10 +250,10 @@ def recall_for(session: Session, reach: Reach, query: str, k: int, *, embedder: 
     What the person marked "not relevant" in the chat ranks last (``demotions``)."""
     check_scope(scopes, "search")
     owners = _owners(reach, filters)
-    k = max(1, min(int(k), services.MAX_RECALL_K))
+    k = max(1, min(int(k), reading.MAX_RECALL_K))
     demoted = demoted_for(session, reach.user_id)
-    hits = demote(services.recall(session, owners, query, widened(k, demoted),
-                                  embedder=embedder, max_distance=max_distance), demoted, k)
+    hits = demote(reading.recall(session, owners, query, widened(k, demoted),
+                                 embedder=embedder, max_distance=max_distance), demoted, k)
     if filters.author is None and filters.app is None:
         return hits
     ids = [parse_memory_id(h.memory_id) for h in hits if h.memory_id]
@@ -379,7 +367,7 @@ def described(session: Session, reach: Reach, memories: Iterable[Memory]
     (``owner``) and who saved it with what (``attribution``), three queries in all."""
     memories = list(memories)
     said = attribute(session, reach, memories)
-    return [{**services.memory_dict(m), "owner": said[m.id].owner,
+    return [{**reading.memory_dict(m), "owner": said[m.id].owner,
              "attribution": said[m.id].to_dict()} for m in memories]
 
 
@@ -407,11 +395,11 @@ def described_hits(session: Session, reach: Reach, hits: Iterable[Recalled]
 
 # Erasures a team's policy or a person's own request makes: as retention's purges, every
 # scope (the rule that asks is the team's or the person's, not a credential's).
-ERASER_SCOPES = list(services.SCOPE_FOR_OPERATION.values())
+ERASER_SCOPES = list(rules.SCOPE_FOR_OPERATION.values())
 
 
 def erase_authored(session: Session, team_id: int, author_id: int, *, actor: Actor,
-                   reason: str) -> list[services.Receipt]:
+                   reason: str) -> list[receipts.Receipt]:
     """Hard delete every memory ``author_id`` saved to the team (a leaver under an
     "erase" policy, or the person's own request), each with its receipt; under a legal
     hold on the team each becomes a pending receipt (recall stops at once)."""
@@ -422,7 +410,7 @@ def erase_authored(session: Session, team_id: int, author_id: int, *, actor: Act
         memory = session.get(Memory, memory_id)
         if memory is None or _waiting(session, memory):
             continue
-        receipts.append(services.forget_memory(
+        receipts.append(forgetting.forget_memory(
             session, team_id, memory_id, mode="hard_delete", actor=actor,
             scopes=ERASER_SCOPES, reason=reason))
     return receipts
@@ -432,11 +420,3 @@ def _waiting(session: Session, memory: Memory) -> bool:
     return session.scalar(select(ForgetMarker.id).where(
         ForgetMarker.memory_id == memory.id, ForgetMarker.pending_hold,
         ForgetMarker.completed_by_id.is_(None)).limit(1)) is not None
-
-
-def authored_in_teams(session: Session, author_id: int) -> list[Memory]:
-    """What a person saved to teams (every status), for their own export and erasure."""
-    return list(session.scalars(
-        select(Memory).join(User, User.id == Memory.owner_id)
-        .where(Memory.author_id == author_id, User.kind == "team")
-        .order_by(Memory.created_at, Memory.id)))

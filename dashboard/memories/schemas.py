@@ -20,16 +20,10 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
+from dashboard.memories.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from dashboard.memories.models import MEMORY_SOURCES, MEMORY_STATUSES
-from dashboard.memories.services import (
-    DEFAULT_PAGE_SIZE,
-    FORGET_MODES,
-    MAX_CONTENT,
-    MAX_METADATA_BYTES,
-    MAX_PAGE_SIZE,
-    MAX_REASON,
-    MAX_RECALL_K,
-)
+from dashboard.memories.reading import MAX_RECALL_K
+from dashboard.memories.rules import FORGET_MODES, MAX_CONTENT, MAX_METADATA_BYTES, MAX_REASON
 
 # Literal[tuple] spells Literal["a", "b", …]: the registries stay the one list.
 Source = Literal[MEMORY_SOURCES]  # type: ignore[valid-type]

@@ -25,13 +25,14 @@ from dashboard.auth.models import User
 from dashboard.errors import refusal_status
 from dashboard.extensions import db
 from dashboard.ids import parse_id
+from dashboard.memories import editing, forgetting, rules
 from dashboard.memories import reach as reached
-from dashboard.memories import services
+from dashboard.memories.forgetting import REDACTED
 from dashboard.memories.models import MEMORY_STATUSES, ApiKey, ForgetMarker, Memory
 from dashboard.memories.pages import MODE_LABELS, ForgetForm, RestoreForm, backup_horizon
-from dashboard.memories.services import (
+from dashboard.memories.receipts import find_receipt, receipts_of_memory
+from dashboard.memories.rules import (
     MAX_CONTENT,
-    REDACTED,
     SCOPE_FOR_OPERATION,
     InvalidMemoryInput,
     MemoryBusy,
@@ -98,7 +99,7 @@ def _find(reach: Reach, seat: TeamSeat, memory_id: object, operation: str) -> Me
     except Refusal as exc:
         _refuse(exc)
     if memory.owner_id != seat.team_id:
-        abort(404, services.NOT_FOUND)
+        abort(404, rules.NOT_FOUND)
     return memory
 
 
@@ -118,7 +119,7 @@ def _field_error(form: FlaskForm, exc: InvalidMemoryInput) -> bool:
 def _done_already(seat: TeamSeat, memory_id: object, mode: str) -> int | None:
     """The receipt of ``mode`` this person just got for this memory, if its latest
     receipt is that (a double click): the second click answers with the first's."""
-    parsed = services.parse_memory_id(memory_id)
+    parsed = rules.parse_memory_id(memory_id)
     if parsed is None:
         return None
     latest = db.session.scalars(select(ForgetMarker).where(
@@ -265,7 +266,7 @@ def edit(slug: str, memory_id: str):
         flash("Memory saved.", "success")
         return redirect(back, 303)
     try:
-        services.change_memory(db.session, memory.owner_id, memory.id, content=content,
+        editing.change_memory(db.session, memory.owner_id, memory.id, content=content,
                                actor=Actor.of(current_user))
     except InvalidMemoryInput as exc:
         db.session.rollback()
@@ -311,7 +312,7 @@ def forget(slug: str, memory_id: str):
         except Refusal as exc:
             _refuse(exc)
         if memory.owner_id != seat.team_id:
-            abort(404, services.NOT_FOUND)
+            abort(404, rules.NOT_FOUND)
     else:
         memory = _find(reach, seat, memory_id, mode)
     form = ForgetForm(mode=mode)
@@ -330,7 +331,7 @@ def forget(slug: str, memory_id: str):
     replacement = form.replacement_content.data if mode == "redact" else None
     memory_key = memory.id
     try:
-        receipt = services.forget_memory(
+        receipt = forgetting.forget_memory(
             db.session, memory.owner_id, memory.id, mode=mode, actor=Actor.of(current_user),
             scopes=PAGE_SCOPES, reason=form.reason.data,
             replacement_content=replacement if replacement and replacement.strip() else None)
@@ -389,7 +390,7 @@ def restore(slug: str, memory_id: str):
         return page(400)
     memory_key = memory.id
     try:
-        services.restore_memory(db.session, memory.owner_id, memory.id,
+        forgetting.restore_memory(db.session, memory.owner_id, memory.id,
                                 actor=Actor.of(current_user), scopes=PAGE_SCOPES,
                                 reason=form.reason.data)
     except InvalidMemoryInput as exc:
@@ -443,10 +444,10 @@ def receipt(slug: str, marker_id: str):
     with the other receipts of the same memory."""
     _, seat = _seat(slug)
     try:
-        shown = services.find_receipt(db.session, seat.team_id, marker_id)
+        shown = find_receipt(db.session, seat.team_id, marker_id)
     except Refusal as exc:
         _refuse(exc)
-    others = services.receipts_of_memory(db.session, seat.team_id, shown.memory_id)
+    others = receipts_of_memory(db.session, seat.team_id, shown.memory_id)
     memory = db.session.scalars(select(Memory).where(
         Memory.id == uuid.UUID(shown.memory_id), Memory.owner_id == seat.team_id)).first()
     can_restore = memory is not None and may(seat, Action.FORGET,

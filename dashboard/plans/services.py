@@ -74,13 +74,6 @@ FALLBACK_PLAN = UserPlan(None, FALLBACK_PLAN_NAME, "free", DEFAULT_INCLUDED_SOUR
 
 
 @dataclass(frozen=True)
-class PlanLimits:
-    plan_id: int | None
-    plan_name: str
-    included_sources: int
-
-
-@dataclass(frozen=True)
 class SourceResolution:
     key: str
     label: str
@@ -308,13 +301,6 @@ class UserPlans:
 def get_user_plan(user: Any, plans: UserPlans) -> UserPlan | None:
     """The user's plan, read once per ``plans`` (per request, at the edge)."""
     return plans.of(user)
-
-
-def get_effective_limits(user: Any, plans: UserPlans) -> PlanLimits | None:
-    plan = plans.of(user)
-    if plan is None:
-        return None
-    return PlanLimits(plan.id, plan.name, plan.included_sources)
 
 
 def resolve_build_sources(user: Any, plans: UserPlans, plan: UserPlan | None = None,

@@ -29,8 +29,8 @@ from dashboard.holds import (
     is_held,
     release_ended_versions,
 )
+from dashboard.memories import forget_memory
 from dashboard.memories.models import SCOPES, ForgetMarker, Memory
-from dashboard.memories.services import forget_memory
 from dashboard.memory import (
     MemoryChunk,
     prune_build_records,

@@ -23,9 +23,9 @@ from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import SYSTEM, Actor
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
+from dashboard.memories import forget_memory
 from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
 from dashboard.memories.models import Memory
-from dashboard.memories.services import forget_memory
 from dashboard.memory import MemoryBuild, MemoryChunk, request_builds_by_staff
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.pipeline import run_memory_build

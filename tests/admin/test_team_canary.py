@@ -18,12 +18,12 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from dashboard import memories
 from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.exports import DataExport, build_export
 from dashboard.memories import reach as reached
-from dashboard.memories import services as memories
 from dashboard.memory import MemoryBuild
 from tests.admin.test_canary import crawl
 from tests.conftest import csrf_from

@@ -266,8 +266,8 @@ def world(app):
     from dashboard.auth.models import User
     from dashboard.documents.models import Document
     from dashboard.exports import DataExport
+    from dashboard.memories import forget_memory
     from dashboard.memories.keys import create_key
-    from dashboard.memories.services import forget_memory
     from dashboard.memory.embedders import HashingEmbedder
     from dashboard.memory.pipeline import run_memory_build
     from dashboard.plans.models import Plan

@@ -17,12 +17,12 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy import update
 
+from dashboard import memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services
 from dashboard.connectors.models import OAuthToken
 from dashboard.extensions import db
-from dashboard.memories import services as memories
 from tests.connectors.helpers import CSRF, REDIRECT_URI, Person, live_app
 from tests.factories import make_user
 

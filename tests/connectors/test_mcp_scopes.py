@@ -14,11 +14,11 @@ import anyio
 import pytest
 from sqlalchemy import delete
 
+from dashboard import memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services
 from dashboard.extensions import db
-from dashboard.memories import services as memories
 from tests.connectors.helpers import REDIRECT_URI, live_app
 from tests.connectors.test_mcp_refusals import bearer
 from tests.factories import ALL_SCOPES, make_user

@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 from sqlalchemy import func, select
 
+from dashboard import memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.blinks.services import update_blink
@@ -32,7 +33,6 @@ from dashboard.exports import (
 )
 from dashboard.exports.services import export_call
 from dashboard.holds import place_hold
-from dashboard.memories import services as memories
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources

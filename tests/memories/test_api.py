@@ -15,11 +15,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
+from dashboard import memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
 from dashboard.memories import reach as reached
-from dashboard.memories import services
 from dashboard.memories.api import KEY_IN_URL
 from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
 from dashboard.memories.models import ApiKey, Memory
@@ -93,7 +93,7 @@ def api(client, key, queue) -> Api:
 def stranger(db_session):
     """Another owner with a memory of their own."""
     user = make_user(db_session)
-    memory = services.save_memory(db_session, owner=user, content="Someone else's.",
+    memory = memories.save_memory(db_session, owner=user, content="Someone else's.",
                                   actor=Actor.of(user)).memory
     db_session.commit()
     return user, memory
@@ -282,7 +282,7 @@ def test_a_search_that_matches_nothing_says_so(api, owner, db_session):
     assert len(near["results"]) == 1 and near["notice"] is None
     response = api.post("/v1/memories/search", json={"query": "passport renewal", "k": 3})
     assert response.status_code == 200
-    assert response.get_json() == {"results": [], "notice": services.NO_MATCH}
+    assert response.get_json() == {"results": [], "notice": memories.NO_MATCH}
 
 
 def test_search_names_the_client_and_the_memory(api, owner, db_session):
@@ -475,7 +475,7 @@ def test_receipts_of_an_unknown_memory_are_404(api):
 
 def test_someone_elses_receipt_is_404(api, stranger, db_session):
     user, memory = stranger
-    receipt = services.forget_memory(db_session, user.id, memory.id, mode="soft_delete",
+    receipt = memories.forget_memory(db_session, user.id, memory.id, mode="soft_delete",
                                      actor=Actor.of(user))
     db_session.commit()
     theirs = api.get(f"/v1/erasure-receipts/{receipt.marker_id}")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import jsonschema_rs
 import pytest
 
+from dashboard import memories
 from dashboard.audit.services import Actor
-from dashboard.memories import services
 from dashboard.memories.openapi import HEADER
 from tests.factories import ALL_SCOPES, make_key, make_user
 
@@ -70,7 +70,7 @@ def test_the_document_and_the_api_agree_on_what_a_body_may_be(client, db_session
                                                               status):
     owner = make_user(db_session)
     _, raw = make_key(db_session, owner, scopes=ALL_SCOPES)
-    memory = services.save_memory(db_session, owner=owner, content="Prefers aisle seats.",
+    memory = memories.save_memory(db_session, owner=owner, content="Prefers aisle seats.",
                                   actor=Actor.of(owner)).memory
     db_session.commit()
     allowed = body_schema(document, method, path).is_valid(body)

@@ -12,11 +12,10 @@ import sys
 import pytest
 from sqlalchemy import delete
 
-from dashboard import create_app
+from dashboard import create_app, memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.extensions import db
-from dashboard.memories import services
 from dashboard.queues import build_queue
 from tests.conftest import make_test_config
 from tests.factories import ALL_SCOPES, make_key, make_team, make_user
@@ -96,9 +95,9 @@ def live_api(app):
         _, raw = make_key(session, owner, scopes=ALL_SCOPES, name="schemathesis",
                           team_ids=[team.id])
         actor = Actor.of(owner)
-        memories = [services.save_memory(session, owner=owner, content=f"Memory {i}.",
-                                         actor=actor).memory for i in range(4)]
-        receipt = services.forget_memory(session, owner.id, memories[0].id,
+        saved = [memories.save_memory(session, owner=owner, content=f"Memory {i}.",
+                                      actor=actor).memory for i in range(4)]
+        receipt = memories.forget_memory(session, owner.id, saved[0].id,
                                          mode="soft_delete", actor=actor)
         owner_id, team_id, slug = owner.id, team.id, team.slug
         session.commit()

@@ -22,10 +22,10 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlalchemy import delete
 
+from dashboard import memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.extensions import db
-from dashboard.memories import services
 from dashboard.memories.keys import create_key, grant_hard_delete
 from dashboard.memories.openapi import HEADER
 from tests.factories import make_user
@@ -59,14 +59,14 @@ def world(app):
                                       "memory:redact"], actor=Actor.of(owner))
         grant_hard_delete(session, key, actor=Actor.of(admin))
         actor = Actor("api_key", str(key.id))
-        memories = [services.save_memory(session, owner=owner, content=f"Memory number {i}.",
-                                         metadata={"i": i}, source="codex", actor=actor,
-                                         api_key_id=key.id).memory for i in range(MEMORIES)]
-        markers = [services.forget_memory(session, owner.id, memory.id, mode=mode,
+        saved = [memories.save_memory(session, owner=owner, content=f"Memory number {i}.",
+                                      metadata={"i": i}, source="codex", actor=actor,
+                                      api_key_id=key.id).memory for i in range(MEMORIES)]
+        markers = [memories.forget_memory(session, owner.id, memory.id, mode=mode,
                                           actor=actor, scopes=key.scopes).marker_id
-                   for memory, mode in zip(memories[:3], ("soft_delete", "redact",
+                   for memory, mode in zip(saved[:3], ("soft_delete", "redact",
                                                           "hard_delete"), strict=True)]
-        world = World(raw, [str(m.id) for m in memories], markers)
+        world = World(raw, [str(m.id) for m in saved], markers)
         session.commit()
         get_limiter(app).reset()
     # Some 300 calls from one key: well past the default limit, which is not under test.

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from dashboard import memories
 from dashboard.access import reach_of
 from dashboard.audit.services import Actor
-from dashboard.memories import services
 from dashboard.memories.openapi import HEADER, PROBLEM
 from tests.factories import ALL_SCOPES, make_key, make_team, make_user
 
@@ -83,11 +83,11 @@ def path_for(session, owner, case: Case) -> str:
     if case.target is None:
         return case.rule
     actor = Actor.of(owner)
-    memory = services.save_memory(session, owner=owner, content="Black tea.",
+    memory = memories.save_memory(session, owner=owner, content="Black tea.",
                                   actor=actor).memory
     value = str(memory.id)
     if case.target in ("deleted", "receipt"):
-        receipt = services.forget_memory(session, owner.id, memory.id, mode="soft_delete",
+        receipt = memories.forget_memory(session, owner.id, memory.id, mode="soft_delete",
                                          actor=actor)
         value = str(receipt.marker_id) if case.target == "receipt" else value
     session.commit()

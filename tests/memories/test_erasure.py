@@ -26,10 +26,9 @@ from dashboard.database import VACUUMED_TABLES, app_role_for, grant_app_privileg
 from dashboard.exports import DataExport, DataExportPart
 from dashboard.extensions import db
 from dashboard.leases import MaintenanceLease
-from dashboard.memories import erasure
+from dashboard.memories import erasure, find_receipt, forget_memory, save_memory, update_memory
 from dashboard.memories.erasure import VacuumResult, vacuum_after_erasures
 from dashboard.memories.models import ForgetMarker, Memory
-from dashboard.memories.services import find_receipt, forget_memory, save_memory, update_memory
 from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryChunk
 from dashboard.orbitpilot.models import ReplyRecall
 from dashboard.queues import build_queue

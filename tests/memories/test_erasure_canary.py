@@ -15,7 +15,7 @@ from sqlalchemy import select, text
 
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
-from dashboard.memories.services import find_memory, forget_memory, save_memory, update_memory
+from dashboard.memories import find_memory, forget_memory, save_memory, update_memory
 from dashboard.memory import MemoryBuild
 from tests.factories import ALL_SCOPES
 from tests.memories.helpers import (

@@ -33,7 +33,7 @@ from dashboard.exports import (
 )
 from dashboard.extensions import db
 from dashboard.holds import place_hold, release_hold
-from dashboard.memories.services import REDACTED, find_receipt, forget_memory, recall
+from dashboard.memories import REDACTED, find_receipt, forget_memory, recall
 from dashboard.memory import get_embedder
 from dashboard.orbitpilot.copies import erase_chat_copies
 from dashboard.orbitpilot.models import Conversation, Message, ReplyRecall

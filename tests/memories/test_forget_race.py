@@ -15,13 +15,7 @@ from sqlalchemy.orm import Session
 
 from dashboard.audit.services import Actor
 from dashboard.extensions import db
-from dashboard.memories.services import (
-    MemoryConflict,
-    MemoryGone,
-    find_memory,
-    forget_memory,
-    recall,
-)
+from dashboard.memories import MemoryConflict, MemoryGone, find_memory, forget_memory, recall
 from dashboard.memory import MemoryBuild, MemoryChunk, get_embedder, locks, request_build
 from dashboard.sources import SAVED
 from tests.factories import ALL_SCOPES, PausedEmbedder, make_memory
@@ -290,7 +284,7 @@ def test_no_deadlock_with_a_transaction_that_requests_a_build_then_audits(app, c
     edits must queue behind each other, never deadlock (PostgreSQL would abort one: a
     503 for someone)."""
     from dashboard.audit.services import record_event
-    from dashboard.memories.services import update_memory
+    from dashboard.memories import update_memory
 
     owner = committed.user()
     memory = make_memory(committed.session, owner, KEPT)
@@ -337,7 +331,7 @@ def test_no_deadlock_with_a_transaction_that_requests_a_build_then_audits(app, c
 
 
 def test_an_edit_of_a_memory_hard_deleted_meanwhile_is_gone_not_an_error(app, committed):
-    from dashboard.memories.services import update_memory
+    from dashboard.memories import update_memory
 
     owner = committed.user()
     memory = make_memory(committed.session, owner, KEPT)
@@ -359,7 +353,7 @@ def test_an_edit_of_a_memory_hard_deleted_meanwhile_is_gone_not_an_error(app, co
 
 def test_a_forget_waits_for_a_build_only_so_long_then_says_busy_and_changes_nothing(
         app, committed, monkeypatch):
-    from dashboard.memories.services import MemoryBusy
+    from dashboard.memories import MemoryBusy
     from dashboard.memory.locks import BUSY, lock_user
 
     monkeypatch.setattr(locks, "BUILD_WAIT", "200ms")

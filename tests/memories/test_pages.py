@@ -14,9 +14,9 @@ import pytest
 from markupsafe import escape
 from sqlalchemy import func, select
 
+from dashboard import memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
-from dashboard.memories import services
 from dashboard.memories.models import MEMORY_SOURCES, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import MemoryBuild, MemoryChunk
 from dashboard.memory.embedders import HashingEmbedder
@@ -298,7 +298,7 @@ def test_a_forget_that_lost_a_race_is_a_conflict(client, db_session, owner):
 def test_redact_replaces_content_and_purges_every_version(client, db_session, owner):
     canary = f"canary-{uuid.uuid4().hex}"
     memory = remember(db_session, owner, f"{canary} first words")
-    services.update_memory(db_session, memory, content=f"{canary} second words",
+    memories.update_memory(db_session, memory, content=f"{canary} second words",
                            actor=Actor.of(owner))
     run_memory_build(owner, "full", session=db_session, embedder=HashingEmbedder())
     assert db_session.scalar(select(func.count()).select_from(MemoryChunk).where(
@@ -349,7 +349,7 @@ def test_redact_without_replacement_says_redacted(client, db_session, owner):
     response = forget(client, memory, "redact", replacement_content="   ")
     assert response.status_code == 302
     db_session.expire_all()
-    assert db_session.get(Memory, memory.id).content == services.REDACTED
+    assert db_session.get(Memory, memory.id).content == memories.REDACTED
 
 
 @pytest.mark.parametrize("mode, field, size, error", [
@@ -391,7 +391,7 @@ def test_the_forget_page_refuses_other_modes(client, db_session, owner):
 
 def test_restore_asks_then_restores_and_requests_an_update(client, db_session, owner):
     memory = remember(db_session, owner, "bring me back")
-    services.forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
+    memories.forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
                            actor=Actor.of(owner))
     settle(db_session)  # so the restore's own request is what the test finds queued
     settled(db_session)
@@ -418,7 +418,7 @@ def test_restore_asks_then_restores_and_requests_an_update(client, db_session, o
 
 def test_a_redacted_memory_cannot_be_restored(client, db_session, owner):
     memory = remember(db_session, owner, "to erase")
-    services.forget_memory(db_session, owner.id, memory.id, mode="redact",
+    memories.forget_memory(db_session, owner.id, memory.id, mode="redact",
                            actor=Actor.of(owner))
     settled(db_session)
     for path in (INDEX, f"/memories/{memory.id}"):
@@ -465,7 +465,7 @@ def _routes(memory_id: object) -> list[tuple[str, str, dict]]:
 def test_someone_elses_memory_is_a_404_like_an_unknown_one(client, db_session, owner):
     stranger = make_user(db_session)
     theirs = remember(db_session, stranger, "their memory", status="deleted")
-    their_marker = services.forget_memory(db_session, stranger.id, theirs.id, mode="redact",
+    their_marker = memories.forget_memory(db_session, stranger.id, theirs.id, mode="redact",
                                           actor=Actor.of(stranger)).marker_id
     settled(db_session)
     token = csrf_from(client, INDEX)
@@ -509,7 +509,7 @@ def test_a_malformed_receipt_id_is_a_404(client, owner, raw):
 
 def test_a_hard_deleted_memory_is_gone_and_its_receipt_remains(client, db_session, owner):
     memory = remember(db_session, owner, "erase me for good")
-    receipt = services.forget_memory(db_session, owner.id, memory.id, mode="hard_delete",
+    receipt = memories.forget_memory(db_session, owner.id, memory.id, mode="hard_delete",
                                      actor=Actor.of(owner), scopes=["memory:hard_delete"])
     settled(db_session)
     token = csrf_from(client, INDEX)
@@ -517,7 +517,7 @@ def test_a_hard_deleted_memory_is_gone_and_its_receipt_remains(client, db_sessio
         response = client.open(path, method=method,
                                data={"csrf_token": token, **data} if method == "POST" else None)
         assert response.status_code == 410, (method, path)
-        assert services.GONE in response.get_data(as_text=True)
+        assert memories.GONE in response.get_data(as_text=True)
     page = client.get(f"/memories/receipts/{receipt.marker_id}")
     assert page.status_code == 200
     html = page.get_data(as_text=True)
@@ -548,10 +548,10 @@ def test_the_receipt_page_lists_the_memorys_receipts_without_content(client, db_
                                                                      owner):
     canary = f"canary-{uuid.uuid4().hex}"
     memory = remember(db_session, owner, f"{canary} content")
-    first = services.forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
+    first = memories.forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
                                    actor=Actor.of(owner))
-    services.restore_memory(db_session, owner.id, memory.id, actor=Actor.of(owner))
-    last = services.forget_memory(db_session, owner.id, memory.id, mode="redact",
+    memories.restore_memory(db_session, owner.id, memory.id, actor=Actor.of(owner))
+    last = memories.forget_memory(db_session, owner.id, memory.id, mode="redact",
                                   actor=Actor.of(owner), replacement_content=f"{canary} new")
     settled(db_session)
     response = client.get(f"/memories/receipts/{first.marker_id}")
@@ -568,14 +568,14 @@ def test_the_receipt_page_lists_the_memorys_receipts_without_content(client, db_
 def test_a_soft_deletes_receipt_offers_restore_while_it_is_the_last_word(client, db_session,
                                                                         owner):
     memory = remember(db_session, owner, "I take my tea green")
-    deleted = services.forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
+    deleted = memories.forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
                                      actor=Actor.of(owner))
     settled(db_session)
     page = parse(client.get(f"/memories/receipts/{deleted.marker_id}").get_data(as_text=True))
     restore = page.find("a", data_restore=True)
     assert restore is not None and restore.attrs["href"] == f"/memories/{memory.id}/restore"
     assert client.get(restore.attrs["href"]).status_code == 200  # it asks first
-    services.restore_memory(db_session, owner.id, memory.id, actor=Actor.of(owner))
+    memories.restore_memory(db_session, owner.id, memory.id, actor=Actor.of(owner))
     settled(db_session)
     page = parse(client.get(f"/memories/receipts/{deleted.marker_id}").get_data(as_text=True))
     assert page.find("a", data_restore=True) is None  # restored since: nothing to offer

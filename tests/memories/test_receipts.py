@@ -8,9 +8,8 @@ from datetime import timedelta
 
 import pytest
 
-import dashboard.memories.services as services
 from dashboard.audit.services import Actor
-from dashboard.memories.services import forget_memory, restore_memory
+from dashboard.memories import editing, forget_memory, restore_memory
 from tests.factories import build, make_memory, make_user
 
 
@@ -40,7 +39,7 @@ def test_every_forget_probes_after_the_delete_and_finds_nothing(db_session, reme
 
 def test_the_probe_counts_what_a_faulty_delete_left(db_session, remembered, monkeypatch):
     owner, memory = remembered
-    monkeypatch.setattr(services, "forget_chunks", lambda *args, **kwargs: 0)
+    monkeypatch.setattr(editing, "forget_chunks", lambda *args, **kwargs: 0)
     receipt = forget_memory(db_session, owner.id, memory.id, mode="soft_delete",
                             actor=Actor.of(owner))
     assert receipt.probe_rows == 1  # the chunk the stubbed delete left behind

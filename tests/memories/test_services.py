@@ -14,11 +14,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
+from dashboard import memories
 from dashboard.audit.services import Actor
-from dashboard.memories import services
-from dashboard.memories.keys import create_key, grant_hard_delete
-from dashboard.memories.models import Memory
-from dashboard.memories.services import (
+from dashboard.memories import (
     GONE,
     MAX_CONTENT,
     MAX_METADATA_BYTES,
@@ -31,17 +29,25 @@ from dashboard.memories.services import (
     MemoryGone,
     MemoryNotFound,
     ScopeMissing,
+    editing,
     export_memories,
     find_memory,
     find_receipt,
     forget_memory,
+    forgetting,
     list_memories,
+    listing,
+    reading,
     recall,
+    receipts,
     receipts_of_memory,
     restore_memory,
+    rules,
     save_memory,
     update_memory,
 )
+from dashboard.memories.keys import create_key, grant_hard_delete
+from dashboard.memories.models import Memory
 from dashboard.memory import MemoryBuild, MemoryChunk, get_embedder
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.sentences import source_sentence
@@ -668,13 +674,13 @@ def test_restore_needs_the_delete_scope(db_session, owner):
 def test_without_a_key_hard_delete_is_refused(db_session, owner):
     memory = make_memory(db_session, owner)
     with pytest.raises(ScopeMissing):
-        services.check_scope(None, "hard_delete")
+        memories.check_scope(None, "hard_delete")
     with pytest.raises(ScopeMissing):
         forget_memory(db_session, owner.id, memory.id, mode="hard_delete",
                       actor=Actor.of(owner), scopes=None)
     assert memory_row(db_session, memory.id).status == "active"
     for mode in ("soft_delete", "redact", "restore"):
-        assert services.check_scope(None, mode) is None
+        assert memories.check_scope(None, mode) is None
 
 
 @pytest.mark.parametrize("target", ["unknown", "others", "hard_deleted", "malformed"])
@@ -700,9 +706,9 @@ def test_a_missing_scope_is_reported_before_a_missing_target(db_session, owner, 
                        scopes=reader)
     writer = ["memory:write"]
     for call in (
-        lambda: services.find_memory(db_session, owner.id, memory_id, scopes=writer),
-        lambda: services.receipts_of_memory(db_session, owner.id, memory_id, scopes=writer),
-        lambda: services.change_memory(db_session, owner.id, memory_id, content="x",
+        lambda: memories.find_memory(db_session, owner.id, memory_id, scopes=writer),
+        lambda: memories.receipts_of_memory(db_session, owner.id, memory_id, scopes=writer),
+        lambda: memories.change_memory(db_session, owner.id, memory_id, content="x",
                                        actor=Actor("api_key", "1"), scopes=reader),
     ):
         with pytest.raises(ScopeMissing):
@@ -713,29 +719,29 @@ def test_a_missing_scope_is_reported_before_a_missing_target(db_session, owner, 
 # otherwise (422 or 404): the scope is what it answers.
 UNREADABLE = ["memory:write", "memory:delete"]
 ENTRY_POINTS = {
-    "save_memory": lambda s, owner: services.save_memory(
+    "save_memory": lambda s, owner: memories.save_memory(
         s, owner=owner, content="", actor=Actor("api_key", "1"), scopes=["memory:read"]),
-    "change_memory": lambda s, owner: services.change_memory(
+    "change_memory": lambda s, owner: memories.change_memory(
         s, owner.id, "not-a-uuid", content="", actor=Actor("api_key", "1"),
         scopes=["memory:read"]),
-    "find_memory": lambda s, owner: services.find_memory(s, owner.id, "not-a-uuid",
+    "find_memory": lambda s, owner: memories.find_memory(s, owner.id, "not-a-uuid",
                                                          scopes=UNREADABLE),
-    "list_memories": lambda s, owner: services.list_memories(
+    "list_memories": lambda s, owner: memories.list_memories(
         s, owner.id, status="lost", cursor="?", scopes=UNREADABLE),
-    "recall": lambda s, owner: services.recall(
+    "recall": lambda s, owner: memories.recall(
         s, owner.id, "", 5, embedder=get_embedder("hashing"), scopes=UNREADABLE),
-    "export_memories": lambda s, owner: services.export_memories(s, owner.id,
+    "export_memories": lambda s, owner: memories.export_memories(s, owner.id,
                                                                  scopes=UNREADABLE),
-    "status_of": lambda s, owner: services.status_of(s, owner, embedder_name="hashing",
+    "status_of": lambda s, owner: memories.status_of(s, owner, embedder_name="hashing",
                                                      scopes=UNREADABLE),
-    "receipts_of_memory": lambda s, owner: services.receipts_of_memory(
+    "receipts_of_memory": lambda s, owner: memories.receipts_of_memory(
         s, owner.id, "not-a-uuid", scopes=UNREADABLE),
-    "find_receipt": lambda s, owner: services.find_receipt(s, owner.id, "0",
+    "find_receipt": lambda s, owner: memories.find_receipt(s, owner.id, "0",
                                                            scopes=UNREADABLE),
-    "forget_memory": lambda s, owner: services.forget_memory(
+    "forget_memory": lambda s, owner: memories.forget_memory(
         s, owner.id, "not-a-uuid", mode="redact", reason="\x00", actor=Actor("api_key", "1"),
         scopes=["memory:read", "memory:delete"]),
-    "restore_memory": lambda s, owner: services.restore_memory(
+    "restore_memory": lambda s, owner: memories.restore_memory(
         s, owner.id, "not-a-uuid", reason="\x00", actor=Actor("api_key", "1"),
         scopes=["memory:read", "memory:redact"]),
 }
@@ -748,19 +754,20 @@ def test_each_entry_point_checks_the_scope_before_anything_else(db_session, owne
 
 
 def test_every_service_taking_scopes_is_among_them():
-    taking = {name for name, value in vars(services).items()
-              if inspect.isfunction(value) and value.__module__ == services.__name__
+    modules = (editing, forgetting, listing, reading, receipts, rules)
+    taking = {name for module in modules for name, value in vars(module).items()
+              if inspect.isfunction(value) and value.__module__ == module.__name__
               and "scopes" in inspect.signature(value).parameters and name != "check_scope"}
     assert taking == set(ENTRY_POINTS)
 
 
 def test_the_owner_on_their_own_pages_passes_every_check_but_hard_delete(db_session):
-    for operation in services.SCOPE_FOR_OPERATION:
+    for operation in memories.SCOPE_FOR_OPERATION:
         if operation == "hard_delete":
             with pytest.raises(ScopeMissing):
-                services.check_scope(None, operation)
+                memories.check_scope(None, operation)
         else:
-            assert services.check_scope(None, operation) is None
+            assert memories.check_scope(None, operation) is None
 
 
 def test_the_target_is_checked_before_its_state(db_session, owner, other):
@@ -881,7 +888,7 @@ def test_page_sizes_are_clamped(db_session, owner):
     assert len(list_memories(db_session, owner.id, limit=1000).items) == MAX_PAGE_SIZE
     assert len(list_memories(db_session, owner.id, limit=0).items) == 1
     assert len(list_memories(db_session, owner.id, limit="-5").items) == 1
-    assert len(list_memories(db_session, owner.id).items) == services.DEFAULT_PAGE_SIZE
+    assert len(list_memories(db_session, owner.id).items) == memories.DEFAULT_PAGE_SIZE
 
 
 def b64(raw: bytes) -> str:

@@ -13,7 +13,7 @@ from sqlalchemy import select
 
 from dashboard.audit.services import Actor
 from dashboard.blinks.models import Blink
-from dashboard.memories.services import forget_memory
+from dashboard.memories import forget_memory
 from dashboard.memory import get_embedder
 from dashboard.memory.embedders import minilm_available
 from dashboard.memory.pipeline import run_memory_build

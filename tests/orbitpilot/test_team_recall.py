@@ -15,8 +15,8 @@ from dashboard.access import reach_of
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.exports import DataExport, build_export, request_export
+from dashboard.memories import SCOPE_FOR_OPERATION, forget_memory
 from dashboard.memories import reach as reached
-from dashboard.memories.services import SCOPE_FOR_OPERATION, forget_memory
 from dashboard.memory import get_embedder
 from dashboard.orbitpilot.conversations import conversation_messages
 from dashboard.orbitpilot.models import Message, ReplyRecall

@@ -6,7 +6,7 @@ from dashboard.plans.sentences import GUEST_INVITATION, state_sentence
 from dashboard.plans.services import (
     SourceState,
     UserPlan,
-    get_effective_limits,
+    get_user_plan,
     resolve_build_sources,
     resolve_sources,
 )
@@ -131,8 +131,8 @@ def test_user_with_no_plan_is_on_the_default_plan(db_session):
     db_session.flush()
     user = make_user(db_session, plan=None)
     assert user.plan_id is None
-    limits = get_effective_limits(user, plans_of(db_session))
-    assert (limits.plan_id, limits.plan_name, limits.included_sources) == (free.id, "Free", 4)
+    plan = get_user_plan(user, plans_of(db_session))
+    assert (plan.id, plan.name, plan.included_sources) == (free.id, "Free", 4)
     assert resolve_build_sources(user, plans_of(db_session)).get(CHAT).state is SourceState.INCLUDED
 
 
@@ -145,7 +145,7 @@ def test_guest_remembers_nothing(app, db_session):
     assert {s.state for s in resolution.sources} == {SourceState.GUEST}
     assert resolution.included_keys == ()
     assert state_sentence(resolution.get(CHAT), resolution) == GUEST_INVITATION
-    assert get_effective_limits(AnonymousUserMixin(), plans_of(db_session)) is None
+    assert get_user_plan(AnonymousUserMixin(), plans_of(db_session)) is None
 
 
 def test_resolution_snapshot_has_states_not_content():

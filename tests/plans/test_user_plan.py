@@ -3,7 +3,7 @@ request, a plain query outside one."""
 
 from flask_login import login_user
 
-from dashboard.plans.services import get_effective_limits, get_user_plan, resolve_build_sources
+from dashboard.plans.services import get_user_plan, resolve_build_sources
 from dashboard.plans.web import request_plans
 from tests.factories import make_plan, make_user
 
@@ -16,7 +16,6 @@ def test_get_user_plan_queries_once_per_request(app, db_session, count_queries):
         with count_queries() as q:
             for _ in range(5):
                 assert get_user_plan(user, request_plans()).included_sources == 4
-            get_effective_limits(user, request_plans())
             resolve_build_sources(user, request_plans())
         assert q.count == 1, q.statements
     # A new request reads it again, once.

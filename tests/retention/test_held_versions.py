@@ -18,7 +18,7 @@ from dashboard.audit.services import Actor
 from dashboard.blinks.models import Blink
 from dashboard.exports import build_export, request_export
 from dashboard.holds import HeldVersion, LegalHold, held_versions_of, place_hold, release_hold
-from dashboard.memories.services import forget_memory, update_memory
+from dashboard.memories import forget_memory, update_memory
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.retention import apply_retention, complete_released
 from tests.conftest import csrf_from

@@ -10,10 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
+from dashboard import memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.holds import LegalHold, place_hold
-from dashboard.memories import services as memories
 from dashboard.memories.models import Memory
 from dashboard.memory import MemoryChunk
 from dashboard.retention import retention_fingerprint

@@ -10,12 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, insert, select, update
 
+from dashboard import memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors.models import ConnectorAccess
 from dashboard.holds import HoldError, is_held, place_hold, release_hold
-from dashboard.memories import services as memories
 from dashboard.memories.models import ForgetMarker, Memory
 from dashboard.memory import DeletedPart, MemoryBuild, MemoryChunk, verify_memory
 from dashboard.memory.models import EMBEDDING_DIMENSIONS

@@ -41,13 +41,13 @@ import pytest
 from sqlalchemy import delete
 from sqlalchemy.orm import sessionmaker
 
+from dashboard import memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services as connections
 from dashboard.connectors.models import OAuthGrant
 from dashboard.extensions import db
 from dashboard.memories import reach as reached
-from dashboard.memories import services as memories
 from dashboard.memories.openapi import HEADER
 from dashboard.memories.team_pages import PAGE_SCOPES
 from dashboard.queues import build_queue

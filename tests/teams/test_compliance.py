@@ -13,12 +13,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, text, update
 
+from dashboard import memories
 from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.holds import place_hold, release_hold
 from dashboard.memories import reach as reached
-from dashboard.memories import services as memories
 from dashboard.memories.models import Memory
 from dashboard.memory import MemoryBuild, MemoryChunk, memory_status, verify_memory
 from dashboard.plans.services import resolve_sources

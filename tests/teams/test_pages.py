@@ -21,9 +21,9 @@ from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
+from dashboard.memories import forget_memory
 from dashboard.memories import reach as reached
 from dashboard.memories.models import ForgetMarker, Memory
-from dashboard.memories.services import forget_memory
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
 from dashboard.sources import SAVED
