@@ -126,15 +126,15 @@ def search_memory(
     app: Annotated[str | None, Field(description=APP_FILTER)] = None,
 ) -> dict[str, Any]:
     """Recall what the user's memory (and their teams', where this app acts for
-    them) holds about something: the nearest memories and records, each with its id,
-    source, owner (personal or the team), who saved it, and distance (smaller is
-    closer)."""
+    them) holds about something, in any language: the best memories and records, each
+    with its id, source, owner (personal or the team), who saved it, distance (smaller is
+    closer) and relevance ("relevant", or "possibly_related": say you are unsure)."""
     hits = reached.recall_for(
         session, reach, query, k, embedder=get_embedder(config["EMBEDDER"]),
         max_distance=recall_cut(config["RECALL_MAX_DISTANCE"]),
         scopes=who.scopes, filters=reached.Filters.parse(team, author, app))
     return {"results": reached.described_hits(session, reach, hits),
-            "notice": None if hits else memories.NO_MATCH}
+            "notice": memories.recall_notice(hits)}
 
 
 def list_memories(

@@ -28,10 +28,12 @@ from dashboard.memories.listing import (
 from dashboard.memories.reading import (
     MAX_RECALL_K,
     NO_MATCH,
+    NOT_SURE,
     Recalled,
     export_memories,
     memory_dict,
     recall,
+    recall_notice,
     status_of,
 )
 from dashboard.memories.receipts import Receipt, find_receipt, receipt_of, receipts_of_memory
@@ -63,7 +65,8 @@ from dashboard.memories.rules import (
 __all__ = [
     "DEFAULT_PAGE_SIZE", "FORGET_MODES", "GONE", "HELD_ALREADY", "HELD_RESTORE",
     "HELD_WITH_REPLACEMENT", "MAX_CONTENT", "MAX_METADATA_BYTES", "MAX_PAGE_SIZE",
-    "MAX_REASON", "MAX_RECALL_K", "NOT_FOUND", "NO_MATCH", "REDACTED", "SCOPE_FOR_OPERATION",
+    "MAX_REASON", "MAX_RECALL_K", "NOT_FOUND", "NO_MATCH", "NOT_SURE", "REDACTED",
+    "SCOPE_FOR_OPERATION", "recall_notice",
     "InvalidMemoryInput", "MemoryBusy", "MemoryConflict", "MemoryGone", "MemoryNotFound",
     "Page", "Receipt", "Recalled", "Saved", "ScopeMissing", "Scopes", "change_memory",
     "check_content", "check_metadata", "check_mode", "check_reason", "check_scope",

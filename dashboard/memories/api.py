@@ -337,7 +337,7 @@ def search_memories() -> ApiResult:
         max_distance=recall_cut(current_app.config["RECALL_MAX_DISTANCE"]),
         scopes=key.scopes, filters=reached.Filters.parse(body.team, body.author, body.app))
     payload = {"results": reached.described_hits(db.session, reach, hits),
-               "notice": None if hits else reading.NO_MATCH}
+               "notice": reading.recall_notice(hits)}
     db.session.commit()
     return payload, 200
 

@@ -27,6 +27,8 @@ from dashboard.sources import SAVED
 MAX_RECALL_K = 50
 NO_MATCH = ("No memory matches this closely enough: nothing saved or remembered is about "
             "it, as far as a search can tell.")
+NOT_SURE = ("Nothing saved or remembered is clearly about this; the results are only possibly "
+            "related.")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,15 @@ class Recalled:
     # How it matched: "semantic", "lexical" (it holds a name or code of the query, kept
     # even beyond the cut) or "both" (``memory.search``).
     match: str = "semantic"
+    # How sure recall is: "relevant", or "possibly_related" (shown rather than hidden).
+    relevance: str = "relevant"
+
+
+def recall_notice(hits: Sequence[Recalled]) -> str | None:
+    """The sentence beside a search's results: none found, or none recall is sure of."""
+    if not hits:
+        return NO_MATCH
+    return None if any(h.relevance == "relevant" for h in hits) else NOT_SURE
 
 
 def recall(session: Session, owner_ids: int | Sequence[int], query: str, k: int, *,
@@ -69,11 +80,12 @@ def recall(session: Session, owner_ids: int | Sequence[int], query: str, k: int,
                 continue  # forgotten in a transaction this one already sees
             out.append(Recalled(hit.content, hit.distance, hit.source_key,
                                 origins[hit.source_id], hit.source_id, hit.source_id,
-                                hit.chunk_index, hit.owner_id, hit.match))
+                                hit.chunk_index, hit.owner_id, hit.match,
+                                hit.relevance))
         else:
             out.append(Recalled(hit.content, hit.distance, hit.source_key, hit.source_key,
                                 None, hit.source_id, hit.chunk_index, hit.owner_id,
-                                hit.match))
+                                hit.match, hit.relevance))
     return out
 
 

@@ -254,12 +254,19 @@ class RecallHit(BaseModel):
     owner: str = Field(description="Whose memory: \"personal\" or the team's slug.")
     attribution: Attribution | None = Field(description="For a saved memory: who saved it "
                                                         "with what.")
+    match: Literal["semantic", "lexical", "both"] = Field(
+        description="How it matched: near the query by meaning, holding a name or code of "
+                    "the query (kept even beyond the cut), or both.")
+    relevance: Literal["relevant", "possibly_related"] = Field(
+        description="How sure recall is: relevant, or possibly related — shown rather than "
+                    "hidden; say so when you use it.")
 
 
 class SearchOut(BaseModel):
-    results: list[RecallHit] = Field(description="Nearest first; none farther than the "
-                                                 "recall cut (RECALL_MAX_DISTANCE).")
-    notice: str | None = Field(description="When nothing matches: a sentence saying so.")
+    results: list[RecallHit] = Field(description="Best first; none farther than the recall "
+                                                 "cut (RECALL_MAX_DISTANCE).")
+    notice: str | None = Field(description="When nothing matches, or nothing recall is sure "
+                                           "of: a sentence saying so.")
 
 
 class RemovedCounts(BaseModel):

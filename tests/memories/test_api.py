@@ -294,8 +294,10 @@ def test_search_names_the_client_and_the_memory(api, owner, db_session):
     assert set(body) == {"results", "notice"} and body["notice"] is None  # it matched
     hit = next(h for h in body["results"] if h["memory_id"] == memory["id"])
     assert set(hit) == {"content", "distance", "source_key", "source", "memory_id",
-                        "source_id", "chunk_index", "owner", "attribution", "match"}
+                        "source_id", "chunk_index", "owner", "attribution", "match",
+                        "relevance"}
     assert hit["match"] == "semantic"  # no name or code in the query: by meaning alone
+    assert hit["relevance"] == "relevant"  # the hashing embedder is sure of what it keeps
     assert (hit["source_key"], hit["source"], hit["source_id"], hit["owner"]) == \
         (SAVED, "chatgpt", memory["id"], "personal")
     # Who saved it is the key, whatever the client said of itself.
@@ -940,3 +942,20 @@ def test_the_document_describes_the_bodies_and_queries(document):
 def test_db_session_is_untouched_by_the_document(db_session, document):
     # The document needs no key and no database: it is generated from the routes.
     assert db.session is db_session
+
+
+def test_a_search_recall_is_not_sure_of_says_so(api, owner, db_session, monkeypatch):
+    """Within the cut, beyond the sure distance: returned, each labelled possibly related,
+    with a notice that nothing is clearly about the query (here every hashing hit is
+    beyond a sure distance of 0.01)."""
+    from dashboard.memory.embedders import HashingEmbedder
+
+    monkeypatch.setattr(HashingEmbedder, "sure_distance", 0.01, raising=False)
+    save(api, "Prefers aisle seats on long flights.")
+    build(db_session, owner)
+    response = api.post("/v1/memories/search", json={"query": "aisle seats", "k": 3})
+    assert response.status_code == 200
+    body = response.get_json()
+    assert body["results"] and {h["relevance"] for h in body["results"]} == \
+        {"possibly_related"}
+    assert body["notice"] == memories.NOT_SURE
