@@ -53,13 +53,13 @@ def parse_args() -> argparse.Namespace:
 
 
 def setup():
-    from dashboard import memories
+    from dashboard import saved_memories as memories
     from dashboard.audit.services import Actor
     from dashboard.auth.models import User
     from dashboard.connectors import services as connections
     from dashboard.embedded import OWNER_ROLE
-    from dashboard.memories.keys import create_key
     from dashboard.memory import MemoryBuild, execute_build, get_embedder, settings_from
+    from dashboard.saved_memories.keys import create_key
 
     urls, admin = fresh_database(DATABASE)
     app = migrated_app({

@@ -82,9 +82,9 @@ def make_user(app, pairs: int) -> int:
 
     from dashboard.auth.models import User
     from dashboard.blinks.models import Blink
-    from dashboard.memories.models import Memory
     from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
     from dashboard.plans.models import Plan
+    from dashboard.saved_memories.models import Memory
 
     rng = random.Random(4)
 

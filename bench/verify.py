@@ -40,11 +40,11 @@ def parse_args() -> argparse.Namespace:
 def populate(users: int) -> list[int]:
     from dashboard.auth.models import User
     from dashboard.blinks.models import Blink
-    from dashboard.memories.models import Memory
     from dashboard.memory import get_embedder
     from dashboard.memory.models import MemoryBuild
     from dashboard.memory.pipeline import run_memory_build
     from dashboard.orbitpilot.models import Conversation, Message
+    from dashboard.saved_memories.models import Memory
 
     session, embedder = db.session, get_embedder("hashing")
     ids = []

@@ -43,11 +43,6 @@ from dashboard.embedded import OWNER_ROLE, EmbeddedBinding, ensure_started, get_
 from dashboard.errors import register_error_handlers
 from dashboard.exports.views import bp as exports_bp
 from dashboard.extensions import csrf, db, login_manager, migrate
-from dashboard.memories.api import init_api
-from dashboard.memories.key_pages import bp as keys_bp
-from dashboard.memories.models import ApiKey, ForgetMarker
-from dashboard.memories.pages import bp as memories_bp
-from dashboard.memories.team_pages import bp as team_memories_bp
 from dashboard.memory import MemoryBuild
 from dashboard.memory.views import bp as memory_bp
 from dashboard.metrics import bp as metrics_bp
@@ -56,6 +51,11 @@ from dashboard.orbitpilot.views import bp as orbitpilot_bp
 from dashboard.plans.models import Plan
 from dashboard.queues import init_queue
 from dashboard.retention import web as retention_web
+from dashboard.saved_memories.api import init_api
+from dashboard.saved_memories.key_pages import bp as keys_bp
+from dashboard.saved_memories.models import ApiKey, ForgetMarker
+from dashboard.saved_memories.pages import bp as memories_bp
+from dashboard.saved_memories.team_pages import bp as team_memories_bp
 from dashboard.security import csp_nonce, init_security
 from dashboard.sources import registered_sources
 from dashboard.staff import without_inline_handlers

@@ -12,10 +12,10 @@ from dashboard.copies import Keeper, install_keepers
 from dashboard.demotions import install_reader
 from dashboard.documents.source import DOCUMENTS_SOURCE
 from dashboard.exports.services import withdraw_exports
-from dashboard.memories.source import SAVED_SOURCE
 from dashboard.orbitpilot.copies import erase_chat_copies
 from dashboard.orbitpilot.marks import not_relevant_items
 from dashboard.orbitpilot.source import CHAT_HISTORY_SOURCE, PROFILE_SOURCE
+from dashboard.saved_memories.source import SAVED_SOURCE
 from dashboard.sources import Source, install
 from dashboard.teams.services import reach_of
 

@@ -23,10 +23,10 @@ from dashboard.connectors.cli import mcp_group
 from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 from dashboard.embedded import get_services
 from dashboard.extensions import db
-from dashboard.memories.erasure import vacuum_after_erasures
 from dashboard.memory import VIOLATION_KINDS, settings_from, verify_memory
 from dashboard.plans.services import find_plan
 from dashboard.refusals import Refusal
+from dashboard.saved_memories.erasure import vacuum_after_erasures
 
 
 def register_cli(app: Flask) -> None:

@@ -17,11 +17,11 @@ from dashboard.auth.services import create_user, get_user_by_email
 from dashboard.blinks.models import Blink
 from dashboard.connectors import services as connections
 from dashboard.documents.models import Document
-from dashboard.memories.keys import create_key
-from dashboard.memories.models import Memory
-from dashboard.memories.reach import save_for
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.saved_memories.keys import create_key
+from dashboard.saved_memories.models import Memory
+from dashboard.saved_memories.reach import save_for
 from dashboard.teams.models import Team, TeamMember
 from dashboard.teams.services import create_team
 

@@ -14,10 +14,10 @@ from dashboard.documents.models import Document
 from dashboard.exports.models import DataExport, DataExportPart
 from dashboard.holds.models import HeldVersion, LegalHold
 from dashboard.leases import MaintenanceLease
-from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.memory import MemoryBuild, MemoryChunk
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact, ReplyRecall
 from dashboard.plans.models import Plan, SourceAssignment
+from dashboard.saved_memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
 from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember
 
 __all__ = [

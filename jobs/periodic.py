@@ -18,9 +18,9 @@ from dashboard.audit.anchors import Anchoring
 from dashboard.audit.services import anchor_head, checkpoint_chain
 from dashboard.exports import tend_exports
 from dashboard.leases import claim_lease
-from dashboard.memories.erasure import vacuum_after_erasures
 from dashboard.orbitpilot import conversations as chat
 from dashboard.retention import apply_retention
+from dashboard.saved_memories.erasure import vacuum_after_erasures
 
 log = logging.getLogger(__name__)
 

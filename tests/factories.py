@@ -20,15 +20,15 @@ from dashboard import sources
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
-from dashboard.memories import save_memory
-from dashboard.memories.keys import create_key
-from dashboard.memories.models import ApiKey, Memory
 from dashboard.memory import MemoryBuild, get_embedder
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.pipeline import BuildResult, run_memory_build
 from dashboard.memory.settings import DEFAULT_ANN_MIN_CHUNKS
 from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.services import UserPlans
+from dashboard.saved_memories import save_memory
+from dashboard.saved_memories.keys import create_key
+from dashboard.saved_memories.models import ApiKey, Memory
 
 ALL_SCOPES = ["memory:read", "memory:write", "memory:delete", "memory:redact",
               "memory:hard_delete"]

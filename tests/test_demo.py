@@ -9,9 +9,9 @@ from sqlalchemy import func, select
 from dashboard.access import reach_of
 from dashboard.auth.models import User
 from dashboard.connectors.models import OAuthClient, OAuthGrant
-from dashboard.memories import reach as reached
-from dashboard.memories.models import ApiKey, Memory
 from dashboard.plans.models import Plan
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.models import ApiKey, Memory
 from dashboard.teams.models import Team, TeamMember
 
 

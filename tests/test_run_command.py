@@ -27,7 +27,7 @@ from redis import Redis
 from rq import Worker
 
 from dashboard.embedded import EmbeddedServices
-from dashboard.memories import NO_MATCH
+from dashboard.saved_memories import NO_MATCH
 from tests.embedded.procs import listening_on, servers_of, wait_until
 from tests.factories import GATE_VARIABLE
 

@@ -15,8 +15,8 @@ from sqlalchemy import text
 from dashboard.audit.services import SYSTEM
 from dashboard.auth.models import User
 from dashboard.documents.models import Document
-from dashboard.memories import forget_memory
 from dashboard.orbitpilot.models import ProfileFact
+from dashboard.saved_memories import forget_memory
 from dashboard.teams.services import invite, membership
 from tests.conftest import csrf_from
 from tests.factories import (

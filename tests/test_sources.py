@@ -4,9 +4,9 @@ import pytest
 from sqlalchemy.exc import IntegrityError
 
 from dashboard.blinks.models import Blink
-from dashboard.memories.models import Memory
 from dashboard.orbitpilot.models import Message, ProfileFact
 from dashboard.orbitpilot.source import _extract_chat_history
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import BLINKS, PROFILE, SAVED, extract, get_source
 from tests.factories import make_conversation, make_user, user_turns
 

@@ -180,8 +180,8 @@ def test_only_the_engine_writes_its_own_tables():
 
 def test_every_refusal_kind_has_an_answer_at_each_edge():
     from dashboard.errors import PAGE_STATUS
-    from dashboard.memories.api import REFUSALS
     from dashboard.refusals import KINDS
+    from dashboard.saved_memories.api import REFUSALS
 
     assert set(PAGE_STATUS) == set(KINDS) == set(REFUSALS)
 
@@ -272,7 +272,7 @@ def test_no_import_circle_among_our_packages():
 
 def test_the_checks_see_what_they_claim_to(tmp_path):
     """The checks are not vacuous: the graph has the edges we know of."""
-    assert "dashboard.memory" in imports_of("dashboard.memories.forgetting")
+    assert "dashboard.memory" in imports_of("dashboard.saved_memories.forgetting")
     assert "dashboard.memory.models" in imports_of("dashboard.memory.pipeline")
     assert not _is_edge("dashboard.memory.pipeline") and _is_edge("dashboard.memory.views")
     assert not _is_edge("dashboard.memory.x.views")

@@ -23,8 +23,6 @@ from dashboard.connectors.services import grant_hard_delete as grant_connection_
 from dashboard.connectors.services import revoke_grant
 from dashboard.extensions import db
 from dashboard.ids import INT4_MAX, parse_int
-from dashboard.memories.keys import grant_hard_delete, revoke_key
-from dashboard.memories.models import FORGET_MODES, ApiKey, ForgetMarker
 from dashboard.memory import (
     BUILD_STATUSES,
     BUILD_TRIGGERS,
@@ -37,6 +35,8 @@ from dashboard.plans.editing import PlanError, PlanFields, create_plan, update_p
 from dashboard.plans.impact import count_active_users_by_plan
 from dashboard.plans.models import Plan
 from dashboard.plans.services import SourceState, UserPlan, effective_plan_id, resolve_sources
+from dashboard.saved_memories.keys import grant_hard_delete, revoke_key
+from dashboard.saved_memories.models import FORGET_MODES, ApiKey, ForgetMarker
 from dashboard.sources import get_source
 from dashboard.staff import AdminOnlyView, CodeEquals, ReadOnlyView, abbreviated
 

@@ -11,8 +11,8 @@ from flask import current_app
 from flask.cli import with_appcontext
 
 from dashboard.connectors.mcp import build_server, from_api_key
-from dashboard.memories.models import MEMORY_SOURCES
 from dashboard.memory import get_embedder
+from dashboard.saved_memories.models import MEMORY_SOURCES
 
 KEY_VARIABLE = "ORBITPILOT_API_KEY"
 

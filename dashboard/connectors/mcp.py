@@ -24,16 +24,16 @@ from mcp.types import ToolAnnotations
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-import dashboard.memories as memories
+import dashboard.saved_memories as memories
 from dashboard.access import Credential, Reach, reach_of
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services as connections
 from dashboard.extensions import db
-from dashboard.memories import reach as reached
-from dashboard.memories.keys import authenticate_key, credential_of
 from dashboard.memory import embedder_model_name, get_embedder, recall_cut, settings_from
 from dashboard.refusals import Refusal
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.keys import authenticate_key, credential_of
 from dashboard.sources import SAVED
 
 log = logging.getLogger(__name__)

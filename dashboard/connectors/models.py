@@ -25,8 +25,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, UUID
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from dashboard.extensions import db
-from dashboard.memories.models import SCOPES
 from dashboard.models_base import created_at_column, updated_at_column
+from dashboard.saved_memories.models import SCOPES
 
 if TYPE_CHECKING:
     from dashboard.auth.models import User

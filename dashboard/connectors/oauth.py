@@ -40,7 +40,7 @@ from dashboard.connectors.documents import (
 )
 from dashboard.connectors.models import OAuthClient, OAuthCode, OAuthGrant, OAuthToken
 from dashboard.extensions import db
-from dashboard.memories.models import SCOPES
+from dashboard.saved_memories.models import SCOPES
 from dashboard.security import get_limiter
 
 log = logging.getLogger(__name__)

@@ -38,8 +38,8 @@ from dashboard.connectors.models import (
     OAuthToken,
 )
 from dashboard.connectors.uris import BadURI, origin, split_canonical
-from dashboard.memories.models import SCOPES
 from dashboard.refusals import Forbidden, NotFound, Refusal
+from dashboard.saved_memories.models import SCOPES
 
 HARD_DELETE = "memory:hard_delete"
 # What a user may grant an app: everything but the elevated scope (an admin's to add).

@@ -39,12 +39,12 @@ from dashboard.blinks.models import Blink
 from dashboard.connectors.models import ConnectorAccess, OAuthClient, OAuthGrant
 from dashboard.documents.models import Document
 from dashboard.holds.models import HeldVersion
-from dashboard.memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
-from dashboard.memories.reach import attribute
 from dashboard.memory import MemoryBuild, MemoryChunk
 from dashboard.orbitpilot.models import Conversation, Message, ProfileFact
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
+from dashboard.saved_memories.models import ApiKey, ForgetMarker, Memory, MemoryVersion
+from dashboard.saved_memories.reach import attribute
 from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember
 
 JSON_NAME = "orbitpilot-export.json"

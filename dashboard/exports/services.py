@@ -42,11 +42,11 @@ from dashboard.exports.sections import (
 )
 from dashboard.holds import is_held
 from dashboard.ids import find_owned
-from dashboard.memories import Receipt, receipt_of
-from dashboard.memories import reach as reached
-from dashboard.memories.models import ForgetMarker, Memory
 from dashboard.memory import Call, defer_job
 from dashboard.refusals import Gone, NotFound, TooSoon
+from dashboard.saved_memories import Receipt, receipt_of
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.models import ForgetMarker, Memory
 from dashboard.sources import SAVED
 from dashboard.teams.models import Team, TeamMember
 from dashboard.teams.services import team_for

@@ -11,11 +11,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from dashboard.access import Action, Reach, may, reach_of
-from dashboard.memories.models import Memory
-from dashboard.memories.reach import attribute
 from dashboard.memory import MemoryChunk
 from dashboard.orbitpilot.models import Message, ReplyRecall
 from dashboard.orbitpilot.responder import MemoryHit, one_line, recalled_as
+from dashboard.saved_memories.models import Memory
+from dashboard.saved_memories.reach import attribute
 from dashboard.sources import CHAT_HISTORY, PROFILE, SAVED, get_source, source_keys
 
 DREW_ON_TITLE_CHARS = 80

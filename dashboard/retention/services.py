@@ -29,8 +29,6 @@ from dashboard.holds import (
     is_held,
     release_ended_versions,
 )
-from dashboard.memories import forget_memory
-from dashboard.memories.models import SCOPES, ForgetMarker, Memory
 from dashboard.memory import (
     MemoryChunk,
     prune_build_records,
@@ -40,6 +38,8 @@ from dashboard.memory import (
 from dashboard.plans.models import Plan
 from dashboard.plans.services import retention_of, users_of_plan
 from dashboard.refusals import Conflict, FieldError
+from dashboard.saved_memories import forget_memory
+from dashboard.saved_memories.models import SCOPES, ForgetMarker, Memory
 from dashboard.sources import get_source, registered_sources
 
 RETENTION_ACTOR = Actor("system", "retention")

@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session
 from dashboard.auth.models import User
 from dashboard.holds import active_hold
 from dashboard.ids import INT4_MAX, parse_id
-from dashboard.memories.models import Memory
 from dashboard.memory import BuildSummary, MemoryBuild, MemoryChunk
 from dashboard.plans.impact import plan_rows
 from dashboard.plans.sentences import state_sentence
@@ -25,6 +24,7 @@ from dashboard.plans.services import (
     get_plan_for_user,
     resolve_sources,
 )
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import CHAT_HISTORY, get_source, registered_sources
 from dashboard.teams.models import ROLES as TEAM_ROLES
 from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember

@@ -40,12 +40,12 @@ from dashboard.extensions import db, login_manager
 from dashboard.forms import NO_TOKEN
 from dashboard.holds import active_hold
 from dashboard.ids import INT8_MAX, parse_id, parse_int
-from dashboard.memories.models import Memory
 from dashboard.memory import embedder_model_name, memory_status, settings_from
 from dashboard.plans.services import retention_of
 from dashboard.plans.web import resolution_of
 from dashboard.refusals import FieldError, Refusal
 from dashboard.retention.services import retention_notice
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import registered_sources
 from dashboard.teams import reads, services
 from dashboard.teams.forms import (

@@ -18,7 +18,13 @@ from dashboard.access import Credential
 from dashboard.audit.models import AuditEvent
 from dashboard.auth.models import User
 from dashboard.connectors.models import OAuthClient, OAuthGrant
-from dashboard.memories.models import FORGET_MODES, MEMORY_SOURCES, MEMORY_STATUSES, ApiKey, Memory
+from dashboard.saved_memories.models import (
+    FORGET_MODES,
+    MEMORY_SOURCES,
+    MEMORY_STATUSES,
+    ApiKey,
+    Memory,
+)
 from dashboard.teams.models import (
     APP_POLICIES,
     FORGET_POLICIES,

@@ -19,9 +19,9 @@ from dashboard.access import Action, Credential, Reach, TeamSeat, may, note_acti
 from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.auth.services import EMAIL_RE, normalise_email
-from dashboard.memories import Receipt
-from dashboard.memories.reach import erase_authored
 from dashboard.refusals import Conflict, FieldError, Forbidden, Gone, NotFound
+from dashboard.saved_memories import Receipt
+from dashboard.saved_memories.reach import erase_authored
 from dashboard.teams.models import (
     APP_POLICIES,
     FORGET_POLICIES,

@@ -361,7 +361,7 @@ def test_a_role_and_plan_change_of_a_user_is_one_event(client, db_session, admin
 
 
 def test_revoking_keys_is_audited_once_per_key(client, db_session, admin):
-    from dashboard.memories.models import ApiKey
+    from dashboard.saved_memories.models import ApiKey
 
     owner = make_user(db_session)
     keys = [ApiKey(owner_id=owner.id, name=f"k{n}", prefix=f"op_test{n}", key_hash="h",

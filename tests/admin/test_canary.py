@@ -23,9 +23,6 @@ from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import SYSTEM, Actor
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
-from dashboard.memories import forget_memory
-from dashboard.memories.keys import create_key, grant_hard_delete, revoke_key
-from dashboard.memories.models import Memory
 from dashboard.memory import MemoryBuild, MemoryChunk, request_builds_by_staff
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.pipeline import run_memory_build
@@ -33,6 +30,9 @@ from dashboard.orbitpilot.models import ProfileFact, ReplyRecall
 from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import BuiltinResponder
 from dashboard.plans.editing import set_assignment, set_cap
+from dashboard.saved_memories import forget_memory
+from dashboard.saved_memories.keys import create_key, grant_hard_delete, revoke_key
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import CHAT_HISTORY, SAVED
 from tests.conftest import csrf_from
 from tests.factories import make_conversation, make_plan, make_user

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import pytest
 
 from dashboard.audit.services import SYSTEM, record_event
-from dashboard.memories.models import ApiKey
 from dashboard.memory import MemoryBuild
 from dashboard.plans.impact import plan_fingerprint
+from dashboard.saved_memories.models import ApiKey
 from dashboard.sources import CHAT_HISTORY
 from tests.conftest import csrf_from
 from tests.factories import make_plan, make_user

@@ -18,13 +18,13 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.exports import DataExport, build_export
-from dashboard.memories import reach as reached
 from dashboard.memory import MemoryBuild
+from dashboard.saved_memories import reach as reached
 from tests.admin.test_canary import crawl
 from tests.conftest import csrf_from
 from tests.factories import build, make_key, make_plan, make_team, make_user

@@ -8,7 +8,7 @@ import importlib
 from pathlib import Path
 
 from dashboard.audit.actions import ACTIONS, MODES
-from dashboard.memories.models import FORGET_MODES
+from dashboard.saved_memories.models import FORGET_MODES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -266,11 +266,11 @@ def world(app):
     from dashboard.auth.models import User
     from dashboard.documents.models import Document
     from dashboard.exports import DataExport
-    from dashboard.memories import forget_memory
-    from dashboard.memories.keys import create_key
     from dashboard.memory.embedders import HashingEmbedder
     from dashboard.memory.pipeline import run_memory_build
     from dashboard.plans.models import Plan
+    from dashboard.saved_memories import forget_memory
+    from dashboard.saved_memories.keys import create_key
     from tests.factories import make_blink, make_conversation, make_memory, make_plan, make_user
 
     with app.app_context():

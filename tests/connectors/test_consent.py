@@ -20,7 +20,7 @@ from dashboard.audit.models import AuditEvent
 from dashboard.connectors import services
 from dashboard.connectors.models import OAuthCode, OAuthGrant
 from dashboard.extensions import db
-from dashboard.memories.models import SCOPES
+from dashboard.saved_memories.models import SCOPES
 from tests.connectors.helpers import Person, live_app
 from tests.connectors.oauth_flow import (
     ACTION,

@@ -17,7 +17,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from sqlalchemy import update
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services

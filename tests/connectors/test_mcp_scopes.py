@@ -14,7 +14,7 @@ import anyio
 import pytest
 from sqlalchemy import delete
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services

@@ -28,8 +28,8 @@ from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors.models import OAuthClient, OAuthGrant
 from dashboard.extensions import db
-from dashboard.memories import reach as reached
-from dashboard.memories.models import Memory
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import SAVED
 from dashboard.teams import services as teams
 from dashboard.teams.models import Team, TeamMember

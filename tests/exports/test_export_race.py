@@ -7,7 +7,6 @@ from sqlalchemy import func, select
 
 from dashboard.exports import DataExport
 from dashboard.extensions import db
-from tests.memories.helpers import wait_until
 from tests.races import (
     JOIN,
     Request,
@@ -17,6 +16,7 @@ from tests.races import (
     waiting_on_a_transaction,
     waiting_on_the_chain,
 )
+from tests.saved_memories.helpers import wait_until
 
 
 def test_a_first_export_asked_twice_at_once_makes_one_and_sends_both_to_it(

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from sqlalchemy import func, select
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.blinks.services import update_blink

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 from sqlalchemy import func, select
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
@@ -34,8 +34,8 @@ from dashboard.exports import (
 )
 from dashboard.exports.sections import JSON_NAME
 from dashboard.holds import place_hold
-from dashboard.memories import reach as reached
-from dashboard.memories.models import ForgetMarker, Memory
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.models import ForgetMarker, Memory
 from dashboard.teams import services as teams
 from tests.conftest import csrf_from
 from tests.exports.test_exports import made, zip_of

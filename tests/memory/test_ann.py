@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import event, func, select, update
 
 from dashboard.extensions import db
-from dashboard.memories.models import Memory
 from dashboard.memory import execute_build, request_build, settings_from
 from dashboard.memory.ann import index_batch, index_user_ann
 from dashboard.memory.embedders import HashingEmbedder
@@ -21,6 +20,7 @@ from dashboard.memory.pipeline import run_memory_build
 from dashboard.memory.search import search_memory
 from dashboard.memory.settings import EngineSettings
 from dashboard.memory.verify import verify_memory
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import CHAT_HISTORY
 from tests.factories import (
     CountingEmbedder,

@@ -13,7 +13,6 @@ from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
 from dashboard.extensions import db
-from dashboard.memories.models import Memory
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.maintenance import fan_out_plan_builds, sweep_builds
 from dashboard.memory.models import MemoryBuild, MemoryChunk
@@ -26,6 +25,7 @@ from dashboard.plans.models import Plan, SourceAssignment
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import resolve_build_sources
 from dashboard.queues import build_queue
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import CHAT_HISTORY
 from tests.conftest import csrf_from
 from tests.factories import (

@@ -4,12 +4,12 @@ import pytest
 from sqlalchemy import select
 
 from dashboard.blinks.models import Blink
-from dashboard.memories.models import Memory
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryChunk
 from dashboard.memory.pipeline import preview_memory_build, run_memory_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.models import SourceAssignment
+from dashboard.saved_memories.models import Memory
 from tests.factories import (
     CountingEmbedder,
     build,

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from sqlalchemy import event, insert, select, text, update
 
-from dashboard.memories.models import Memory
 from dashboard.memory.ann import index_batch
 from dashboard.memory.embedders import HashingEmbedder, minilm_available
 from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryChunk
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.memory.search import NothingToSearch, search_memory
+from dashboard.saved_memories.models import Memory
 from tests.factories import make_user, mark_ann_ready
 
 LEXICAL = [

@@ -24,7 +24,7 @@ from dashboard.memory.requests import request_build
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.queues import build_queue
 from tests.factories import GATE_VARIABLE, make_conversation
-from tests.memories.helpers import lock_waiters, wait_until
+from tests.saved_memories.helpers import lock_waiters, wait_until
 from tests.workers import run_build
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,13 +13,13 @@ from sqlalchemy import select
 
 from dashboard.audit.services import Actor
 from dashboard.blinks.models import Blink
-from dashboard.memories import forget_memory
 from dashboard.memory import get_embedder
 from dashboard.memory.embedders import minilm_available
 from dashboard.memory.pipeline import run_memory_build
 from dashboard.orbitpilot.marks import catch_reply
 from dashboard.orbitpilot.models import Message, ReplyRecall
 from dashboard.orbitpilot.source import extract_chat_pairs
+from dashboard.saved_memories import forget_memory
 from dashboard.sources import BLINKS, CHAT_HISTORY, SAVED
 from tests.factories import make_blink, make_conversation, make_memory, make_plan, make_user
 from tests.orbitpilot.conftest import send, token

@@ -7,12 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dashboard.demotions import POSSIBLY_RELATED, RELEVANT, demote, widened
-from dashboard.memories.openapi import HEADER
 from dashboard.memory import get_embedder, search_memory
 from dashboard.orbitpilot.marks import mark_not_relevant, not_relevant_items
 from dashboard.orbitpilot.recall import memory_hits
 from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import BuiltinResponder
+from dashboard.saved_memories.openapi import HEADER
 from tests.factories import build, make_key, make_memory, make_plan, make_user
 from tests.orbitpilot.conftest import token
 

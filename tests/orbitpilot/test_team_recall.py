@@ -15,13 +15,13 @@ from dashboard.access import reach_of
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.exports import DataExport, build_export, request_export
-from dashboard.memories import SCOPE_FOR_OPERATION, forget_memory
-from dashboard.memories import reach as reached
 from dashboard.memory import get_embedder
 from dashboard.orbitpilot.conversations import conversation_messages
 from dashboard.orbitpilot.models import Message, ReplyRecall
 from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import BuiltinResponder
+from dashboard.saved_memories import SCOPE_FOR_OPERATION, forget_memory
+from dashboard.saved_memories import reach as reached
 from dashboard.sources import SAVED
 from dashboard.teams import services as teams
 from tests.factories import build, make_connection, make_key, make_plan, make_team, make_user

@@ -18,13 +18,13 @@ from dashboard.audit.services import Actor
 from dashboard.blinks.models import Blink
 from dashboard.exports import build_export, request_export
 from dashboard.holds import HeldVersion, LegalHold, held_versions_of, place_hold, release_hold
-from dashboard.memories import forget_memory, update_memory
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.retention import apply_retention, complete_released
+from dashboard.saved_memories import forget_memory, update_memory
 from tests.conftest import csrf_from
 from tests.exports.test_exports import zip_of
 from tests.factories import make_blink, make_memory, make_user
-from tests.memories.helpers import versions_of
+from tests.saved_memories.helpers import versions_of
 
 ADMIN = Actor("system")
 

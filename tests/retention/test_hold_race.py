@@ -8,7 +8,6 @@ from sqlalchemy import func, select
 
 from dashboard.extensions import db
 from dashboard.holds import LegalHold
-from tests.memories.helpers import wait_until
 from tests.races import (
     JOIN,
     Request,
@@ -18,6 +17,7 @@ from tests.races import (
     waiting_on_a_transaction,
     waiting_on_the_chain,
 )
+from tests.saved_memories.helpers import wait_until
 
 PAGE = "/admin/retention/"
 

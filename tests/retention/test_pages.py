@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.holds import LegalHold, place_hold
-from dashboard.memories.models import Memory
 from dashboard.memory import MemoryChunk
 from dashboard.retention import retention_fingerprint
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import CHAT_HISTORY
 from tests.conftest import csrf_from
 from tests.factories import build, make_conversation, make_key, make_memory, make_plan, make_user

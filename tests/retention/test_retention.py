@@ -10,13 +10,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors.models import ConnectorAccess
 from dashboard.holds import HoldError, is_held, place_hold, release_hold
-from dashboard.memories.models import ForgetMarker, Memory
 from dashboard.memory import DeletedPart, MemoryBuild, MemoryChunk, verify_memory
 from dashboard.memory.models import EMBEDDING_DIMENSIONS
 from dashboard.memory.pipeline import preview_memory_build
@@ -33,6 +32,7 @@ from dashboard.retention import (
     retention_fingerprint,
     set_retention,
 )
+from dashboard.saved_memories.models import ForgetMarker, Memory
 from dashboard.sources import BLINKS, CHAT_HISTORY, SAVED
 from tests.factories import (
     build,

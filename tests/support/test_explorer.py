@@ -15,10 +15,10 @@ from sqlalchemy import func, or_, select, text
 from dashboard.auth.models import User
 from dashboard.blinks.models import Blink
 from dashboard.documents.models import Document
-from dashboard.memories.models import Memory
 from dashboard.memory.models import EMBEDDING_DIMENSIONS, MemoryChunk
 from dashboard.orbitpilot.models import ProfileFact
 from dashboard.plans.services import UserPlan, resolve_sources
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import BLINKS, CHAT_HISTORY, DOCUMENTS, PROFILE, SAVED
 from dashboard.support.services import (
     MAX_MATCHES,

@@ -17,7 +17,7 @@ from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.auth.services import AccountError, set_role, update_account
 from dashboard.holds import place_hold
-from dashboard.memories import reach as reached
+from dashboard.saved_memories import reach as reached
 from dashboard.sources import SAVED
 from dashboard.support.services import find_teams, find_users, team_trace
 from tests.conftest import csrf_from

@@ -41,24 +41,24 @@ import pytest
 from sqlalchemy import delete
 from sqlalchemy.orm import sessionmaker
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.connectors import services as connections
 from dashboard.connectors.models import OAuthGrant
 from dashboard.extensions import db
-from dashboard.memories import reach as reached
-from dashboard.memories.openapi import HEADER
-from dashboard.memories.team_pages import PAGE_SCOPES
 from dashboard.queues import build_queue
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.openapi import HEADER
+from dashboard.saved_memories.team_pages import PAGE_SCOPES
 from dashboard.security import get_limiter
 from dashboard.teams import services as teams
 from tests.conftest import _TestScopedSession, csrf_from
 from tests.connectors.helpers import REDIRECT_URI, live_app
 from tests.connectors.test_mcp_refusals import bearer
 from tests.factories import PASSWORD, make_key, make_team, make_user
-from tests.memories.test_api import assert_problem
 from tests.races import apart
+from tests.saved_memories.test_api import assert_problem
 
 PERSONAS = ("owner", "admin", "member", "reader", "nonmember", "removed")
 ROLE_OF = {"owner": "owner", "admin": "admin", "member": "member", "reader": "reader",

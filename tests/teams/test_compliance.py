@@ -13,16 +13,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select, text, update
 
-from dashboard import memories
+from dashboard import saved_memories as memories
 from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.holds import place_hold, release_hold
-from dashboard.memories import reach as reached
-from dashboard.memories.models import Memory
 from dashboard.memory import MemoryBuild, MemoryChunk, memory_status, verify_memory
 from dashboard.plans.services import resolve_sources
 from dashboard.retention import apply_retention, complete_released
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.models import Memory
 from dashboard.sources import SAVED
 from tests.factories import (
     build,

@@ -10,12 +10,11 @@ from sqlalchemy import delete, func, select, text
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.extensions import db
-from dashboard.memories.models import Memory
-from dashboard.memories.team_pages import SAVE_LOCK_NAMESPACE
+from dashboard.saved_memories.models import Memory
+from dashboard.saved_memories.team_pages import SAVE_LOCK_NAMESPACE
 from dashboard.teams import services as teams
 from dashboard.teams.models import Team, TeamMember
 from tests.factories import make_team
-from tests.memories.helpers import wait_until
 from tests.races import (
     JOIN,
     Request,
@@ -26,6 +25,7 @@ from tests.races import (
     waiting_on_a_transaction,
     waiting_on_the_chain,
 )
+from tests.saved_memories.helpers import wait_until
 
 
 def waiting_to_save(user_id: int) -> int:

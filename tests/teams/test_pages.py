@@ -21,11 +21,11 @@ from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
-from dashboard.memories import forget_memory
-from dashboard.memories import reach as reached
-from dashboard.memories.models import ForgetMarker, Memory
 from dashboard.plans.sentences import state_sentence
 from dashboard.plans.services import get_plan_for_user, resolve_sources
+from dashboard.saved_memories import forget_memory
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.models import ForgetMarker, Memory
 from dashboard.sources import SAVED
 from dashboard.teams import services as teams
 from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember

@@ -14,10 +14,10 @@ from dashboard.audit.models import AuditEvent
 from dashboard.audit.services import Actor
 from dashboard.auth.models import User
 from dashboard.auth.services import authenticate
-from dashboard.memories import reach as reached
-from dashboard.memories.models import Memory
 from dashboard.memory import MemoryChunk
 from dashboard.memory.embedders import HashingEmbedder
+from dashboard.saved_memories import reach as reached
+from dashboard.saved_memories.models import Memory
 from dashboard.teams import services as teams
 from dashboard.teams.models import TeamInvitation, TeamMember
 from tests.factories import build, make_key, make_team, make_user
