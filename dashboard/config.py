@@ -107,6 +107,11 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "AUDIT_ANCHOR_S3_ENDPOINT": _env("AUDIT_ANCHOR_S3_ENDPOINT", None),
         "AUDIT_ANCHOR_RETAIN_DAYS": _env("AUDIT_ANCHOR_RETAIN_DAYS", 2557, int),
         "AUDIT_ANCHOR_LOCK_MODE": _env("AUDIT_ANCHOR_LOCK_MODE", "COMPLIANCE"),
+        # Signs evidence reports (Ed25519): the private key's 32 bytes as 64 hex digits.
+        # Unset: generated once into instance/evidence_signing_key. Its public half is
+        # served at /.well-known/orbitpilot-evidence-key.pem and printed in each report.
+        "EVIDENCE_SIGNING_KEY": _env("EVIDENCE_SIGNING_KEY", None)
+        or _instance_secret_key(instance_path, "evidence_signing_key"),
         # Secure cookies when served over HTTPS.
         "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
         # Minimum password length at sign-up.
