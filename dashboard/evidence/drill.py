@@ -146,8 +146,9 @@ def _steps(session: Session, engine: Engine, settings: EngineSettings,
                   memory_recalled=bool(found)):
         return
 
+    # The system's own hard delete, as the retention run's purge is (scope given).
     receipt = forget_memory(session, sandbox.id, memory_id, mode="hard_delete",
-                            actor=DRILL_ACTOR)
+                            actor=DRILL_ACTOR, scopes=["memory:hard_delete"])
     commit()
     marker = session.get(ForgetMarker, receipt.marker_id)
     if not record("hard_delete", marker.mode == "hard_delete" and not marker.pending_hold,
