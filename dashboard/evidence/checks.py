@@ -20,6 +20,7 @@ from dashboard.audit.anchors import Anchoring, read_anchors
 from dashboard.audit.services import chain_id, verify_chain
 from dashboard.auth.models import User
 from dashboard.auth.services import password_problem
+from dashboard.connectors import services as connectors
 from dashboard.connectors.models import OAuthClient, OAuthGrant
 from dashboard.database import APPEND_ONLY_TABLES
 from dashboard.evidence.controls import BY_ID, criteria
@@ -247,18 +248,60 @@ def check_oauth_redirects(ctx: Context) -> Check:
                   "a client registering https://client.example/cb, asked for near misses")
 
 
+def probe_refresh_reuse(session: Session) -> dict[str, bool]:
+    """A connection made, its refresh token rotated, then the old one presented again —
+    all in a savepoint that is rolled back. Reuse detection: the old token is refused and
+    the whole connection revoked, so the new token is refused too."""
+    savepoint = session.begin_nested()
+    result: dict[str, bool]
+    try:
+        person = User(email="evidence-probe@sandbox.orbitpilot.invalid", password_hash="!",
+                      display_name="Evidence probe", role="user")
+        session.add(person)
+        session.flush()
+        client, _ = connectors.register_client(session, {
+            "client_name": "Evidence probe", "redirect_uris": ["https://client.example/cb"],
+            "token_endpoint_auth_method": "none"})
+        grant = connectors.consent(session, user=person, client=client,
+                                   scopes=["memory:read"], resource="https://probe.invalid/mcp",
+                                   allowed=True)
+        lifetimes = connectors.Lifetimes()
+        first = connectors.new_secret(connectors.REFRESH_PREFIX)
+        token = connectors.store_tokens(
+            session, grant, access=connectors.new_secret(connectors.ACCESS_PREFIX),
+            refresh=first, scopes=["memory:read"], lifetimes=lifetimes)
+        second = connectors.new_secret(connectors.REFRESH_PREFIX)
+        connectors.store_tokens(
+            session, grant, access=connectors.new_secret(connectors.ACCESS_PREFIX),
+            refresh=second, scopes=["memory:read"], lifetimes=lifetimes, parent=token)
+        old_refused = connectors.find_refresh(session, first, client) is None
+        session.flush()
+        revoked = session.scalar(select(OAuthGrant.revoked_at)
+                                 .where(OAuthGrant.id == grant.id)) is not None
+        new_refused = connectors.find_refresh(session, second, client) is None
+        result = {"old_refresh_refused": old_refused, "connection_revoked": revoked,
+                  "new_refresh_refused_after": new_refused}
+    except Exception:  # a probe that cannot run proves nothing: the check fails
+        result = {"probe_ran": False}
+    savepoint.rollback()
+    return result
+
+
 def check_oauth_tokens(ctx: Context) -> Check:
     lifetimes = ctx.probes.lifetimes
     too_long = {k: v for k, v in lifetimes.items() if v > MAX_LIFETIMES.get(k, 0)}
-    passed = ctx.probes.refresh_rotates and not too_long
+    reuse = probe_refresh_reuse(ctx.session)
+    passed = ctx.probes.refresh_rotates and all(reuse.values()) and not too_long
     return _check("access.oauth_tokens", passed,
-                  "Refresh tokens rotate on use (a reused one revokes the connection); "
-                  "lifetimes are within bounds." if passed else
-                  f"Refresh rotation: {ctx.probes.refresh_rotates}; lifetimes over bounds: "
-                  f"{too_long or 'none'}.",
-                  {"refresh_rotates": ctx.probes.refresh_rotates,
+                  "Refresh tokens rotate on use and a reused one revokes the connection "
+                  "(probed); lifetimes are within bounds." if passed else
+                  f"Refresh rotation: {ctx.probes.refresh_rotates}; reuse probe: "
+                  + ", ".join(f"{k}={v}" for k, v in reuse.items())
+                  + f"; lifetimes over bounds: {too_long or 'none'}.",
+                  {"refresh_rotates": ctx.probes.refresh_rotates, "reuse_probe": reuse,
                    "lifetimes_seconds": lifetimes, "bounds_seconds": MAX_LIFETIMES},
-                  "the registered refresh grant and token generator of the running server")
+                  "the running server's refresh grant; a rotation and a reuse tried in a "
+                  "rolled-back savepoint; the token lifetimes")
 
 
 def check_connected_apps(ctx: Context) -> Check:

@@ -199,3 +199,20 @@ def test_a_team_whose_apps_are_not_listed_and_a_connection_acts_fails(app, db_se
     grant.team_ids = [team.id]
     db_session.flush()
     assert checks.check_team_apps(ctx(), team).passed is False
+
+
+def test_a_reused_refresh_token_that_does_not_revoke_fails_the_token_check(
+        app, db_session, probes, strong_hash, monkeypatch):
+    from dashboard.connectors import services as connectors
+
+    before = baseline(app, db_session, probes, strong_hash)
+    check = checks.check_oauth_tokens(checks.Context(db_session, app.config, probes))
+    assert check.measured["reuse_probe"] == {"old_refresh_refused": True,
+                                             "connection_revoked": True,
+                                             "new_refresh_refused_after": True}
+    # A server that refuses the reused token but leaves the connection standing.
+    monkeypatch.setattr(connectors, "find_refresh", lambda session, raw, client, **kw: None)
+    failed = failing(app, db_session, probes)
+    assert set(failed) == before | {"access.oauth_tokens"}
+    assert failed["access.oauth_tokens"]["measured"]["reuse_probe"]["connection_revoked"] \
+        is False
