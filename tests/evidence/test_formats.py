@@ -197,3 +197,21 @@ def test_oscal_of_a_team_report_names_the_team(written):
     document["scope"], document["team"] = "team", {"slug": "pilot"}
     title = oscal_assessment_results(document)["assessment-results"]["metadata"]["title"]
     assert title == "OrbitPilot evidence report: team pilot"
+
+
+def test_a_signing_key_that_is_no_key_stops_the_start(monkeypatch, tmp_path):
+    from dashboard.config import SettingError, settings_from_env
+
+    monkeypatch.setenv("EVIDENCE_SIGNING_KEY", "not-a-key")
+    with pytest.raises(SettingError, match="EVIDENCE_SIGNING_KEY"):
+        settings_from_env(tmp_path)
+
+
+def test_a_given_signing_key_signs(monkeypatch, tmp_path):
+    from dashboard.config import settings_from_env
+    from dashboard.evidence.signing import SigningKey, verify
+
+    monkeypatch.setenv("EVIDENCE_SIGNING_KEY", "11" * 32)
+    key = SigningKey.from_setting(settings_from_env(tmp_path)["EVIDENCE_SIGNING_KEY"])
+    assert verify(key.public, b"report", key.sign(b"report"))
+    assert not (tmp_path / "evidence_signing_key").exists()
