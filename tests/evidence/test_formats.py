@@ -215,3 +215,17 @@ def test_a_given_signing_key_signs(monkeypatch, tmp_path):
     key = SigningKey.from_setting(settings_from_env(tmp_path)["EVIDENCE_SIGNING_KEY"])
     assert verify(key.public, b"report", key.sign(b"report"))
     assert not (tmp_path / "evidence_signing_key").exists()
+
+
+def test_the_report_command_makes_a_teams_part(runner, db_session, tmp_path):
+    from tests.factories import make_team, make_user
+
+    team = make_team(db_session, make_user(db_session), slug="cli-team", name="CLI team")
+    result = runner.invoke(args=["evidence", "report", "--team", "cli-team", "--out",
+                                 str(tmp_path)])
+    assert "passed" in result.output, result.output
+    document = json.loads((tmp_path / "report.json").read_bytes())
+    assert (document["scope"], document["team"]["id"]) == ("team", team.id)
+    assert oscal_errors(json.loads((tmp_path / "report.oscal.json").read_bytes())) == []
+    missing = runner.invoke(args=["evidence", "report", "--team", "nope"])
+    assert missing.exit_code == 1 and "No team has the slug 'nope'." in missing.output
