@@ -10,16 +10,45 @@ from flask import current_app
 from flask.cli import with_appcontext
 
 from dashboard.audit.services import CLI_ACTOR
+from dashboard.evidence.drill import request_drill, run_drill
 from dashboard.evidence.report import make_report, rendering, request_report
 from dashboard.evidence.signing import key_id, load_public_pem, verify
 from dashboard.evidence.web import inputs_for, signing_key
 from dashboard.extensions import db
+from dashboard.memory import settings_from
 from dashboard.teams.models import Team
 
 
 @click.group("evidence", help="Evidence for evaluators: the signed report, its check.")
 def evidence_group() -> None:
     pass
+
+
+def _team(slug: str | None) -> Team | None:
+    if slug is None:
+        return None
+    team = db.session.query(Team).filter_by(slug=slug).first()
+    if team is None:
+        raise click.ClickException(f"No team has the slug {slug!r}.")
+    return team
+
+
+@evidence_group.command("drill")
+@click.option("--team", "slug", default=None, help="a team's drill (its slug)")
+@with_appcontext
+def evidence_drill(slug: str | None) -> None:
+    """Run the deletion/export drill on the sandbox account now and print each step's
+    result; the next report carries its receipts. Exit status 1 when a step failed."""
+    drill, _ = request_drill(db.session, None, team=_team(slug), actor=CLI_ACTOR,
+                             defer=False)
+    db.session.commit()
+    drill = run_drill(db.session, drill.id, engine=db.engine,
+                      settings=settings_from(current_app.config), commit=db.session.commit)
+    for step in drill.steps:
+        click.echo(f"  {step['step']}: {'ok' if step['ok'] else 'FAILED'}")
+    click.echo(f"Drill {drill.id}: {'passed' if drill.ok else 'failed'}.")
+    if not drill.ok:
+        raise SystemExit(1)
 
 
 @evidence_group.command("report")
@@ -33,12 +62,8 @@ def evidence_report(slug: str | None, out_dir: Path) -> None:
     """Measure every check now, sign the report and write report.json with its .sig, the
     OSCAL assessment results with theirs, the HTML page and the public key. Exit status
     1 when a check failed."""
-    team = None
-    if slug is not None:
-        team = db.session.query(Team).filter_by(slug=slug).first()
-        if team is None:
-            raise click.ClickException(f"No team has the slug {slug!r}.")
-    report, _ = request_report(db.session, None, team=team, actor=CLI_ACTOR, defer=False)
+    report, _ = request_report(db.session, None, team=_team(slug), actor=CLI_ACTOR,
+                               defer=False)
     db.session.commit()
     app = current_app._get_current_object()
     report = make_report(db.session, report.id, inputs_for(app), commit=db.session.commit)

@@ -55,9 +55,11 @@ def sandbox_account(session: Session) -> User:
     return session.scalars(select(User).where(User.email == SANDBOX_EMAIL)).one()
 
 
-def request_drill(session: Session, user: Any, *, team: Team | None = None
+def request_drill(session: Session, user: Any, *, team: Team | None = None,
+                  actor: Actor | None = None, defer: bool = True
                   ) -> tuple[EvidenceDrill, bool]:
-    """A new drill for the deployment or a team, or the one in the making (joined)."""
+    """A new drill for the deployment or a team, or the one in the making (joined). Its
+    job runs after the commit (``defer=False``: the caller runs it, as the CLI does)."""
     session.execute(text("SELECT pg_advisory_xact_lock(:a, :b)"),
                     {"a": _DRILL_LOCK, "b": team.id if team is not None else 0})
     scope = EvidenceDrill.team_id.is_(None) if team is None else EvidenceDrill.team_id == team.id
@@ -67,14 +69,17 @@ def request_drill(session: Session, user: Any, *, team: Team | None = None
     if pending is not None:
         return pending, False
     drill = EvidenceDrill(team_id=team.id if team is not None else None,
-                          requested_by_id=user.id, status="queued", steps=[])
+                          requested_by_id=user.id if user is not None else None,
+                          status="queued", steps=[])
     session.add(drill)
     session.flush()
-    record_event(session, action="evidence.drill_request", actor=Actor.of(user),
+    record_event(session, action="evidence.drill_request", actor=actor or Actor.of(user),
                  owner_id=team.id if team is not None else None, target_type="evidence_drill",
                  target_id=drill.id, details={})
-    defer_job(session, ("call", Call("jobs.evidence.run_drill", (drill.id,),
-                                     f"evidence-drill-{drill.id}", f"evidence drill {drill.id}")))
+    if defer:
+        defer_job(session, ("call", Call("jobs.evidence.run_drill", (drill.id,),
+                                         f"evidence-drill-{drill.id}",
+                                         f"evidence drill {drill.id}")))
     return drill, True
 
 

@@ -73,3 +73,11 @@ def test_a_drill_that_cannot_erase_fails_and_so_does_its_check(app, real, probes
     assert done.steps[-1]["pending_hold"] is True
     check = checks.check_drill(checks.Context(real, app.config, probes))
     assert (check.passed, check.summary) == (False, "The last drill failed at: hard_delete.")
+
+
+def test_the_drill_command_runs_it_and_says_each_step(app, real):
+    result = app.test_cli_runner().invoke(args=["evidence", "drill"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"  {step}: ok" for step in STEPS] + [
+        result.output.splitlines()[-1]]
+    assert result.output.splitlines()[-1].endswith(": passed.")
