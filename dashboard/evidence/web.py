@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 from authlib.oauth2 import OAuth2Error
 from flask import Flask
@@ -37,10 +38,11 @@ _VERIFIER = "dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"
 
 
 def _host(app: Flask) -> str:
+    """A host the app answers for: its public URL's, a trusted one, or its own name."""
+    public = urlsplit(app.config.get("PUBLIC_URL") or "").netloc
     trusted = app.config.get("TRUSTED_HOSTS") or []
-    if trusted:
-        return trusted[0].lstrip(".")
-    return app.config.get("SERVER_NAME") or "localhost"
+    return public or (trusted[0].lstrip(".") if trusted else None) \
+        or app.config.get("SERVER_NAME") or "localhost"
 
 
 def _cookie_flags(set_cookies: list[str], name: str) -> dict[str, Any] | None:
