@@ -22,6 +22,7 @@ from dashboard.audit.services import Actor, record_event
 from dashboard.auth.models import User
 from dashboard.evidence.checks import stamp
 from dashboard.evidence.models import EvidenceDrill
+from dashboard.evidence.report import abandoned
 from dashboard.memories.erasure import vacuum_after_erasures
 from dashboard.memories.models import ForgetMarker, Memory, MemoryVersion
 from dashboard.memories.services import export_memories, forget_memory, recall, save_memory
@@ -66,8 +67,11 @@ def request_drill(session: Session, user: Any, *, team: Team | None = None,
     pending = session.scalars(select(EvidenceDrill).where(
         scope, EvidenceDrill.status.in_(("queued", "running")))
         .execution_options(populate_existing=True).limit(1)).first()
-    if pending is not None:
+    if pending is not None and not abandoned(pending.created_at):
         return pending, False
+    if pending is not None:  # its job died: no longer running
+        pending.status, pending.finished_at = "failed", datetime.now(UTC)
+        pending.steps = [*pending.steps, {"step": "abandoned", "ok": False, "at": stamp()}]
     drill = EvidenceDrill(team_id=team.id if team is not None else None,
                           requested_by_id=user.id if user is not None else None,
                           status="queued", steps=[])

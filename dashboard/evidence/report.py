@@ -7,7 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, text
@@ -26,6 +26,7 @@ from dashboard.teams.models import Team
 
 FORMAT = "orbitpilot-evidence-report"
 FORMAT_VERSION = 1
+ABANDONED_AFTER = timedelta(minutes=30)
 # Names the advisory lock that lets one report per scope be in the making.
 _REQUEST_LOCK = 0x0E71DE
 DOWNLOADS = {
@@ -35,6 +36,12 @@ DOWNLOADS = {
     "oscal.json.sig": ("application/octet-stream", "report.oscal.json.sig"),
     "html": ("text/html; charset=utf-8", "report.html"),
 }
+
+
+def abandoned(created_at: datetime, now: datetime | None = None) -> bool:
+    """A report or drill still "in the making" this long after it was asked for has lost
+    its job (each takes seconds): asking again starts a new one."""
+    return (now or datetime.now(UTC)) - created_at > ABANDONED_AFTER
 
 
 class ReportNotFound(NotFound):
@@ -145,8 +152,11 @@ def request_report(session: Session, user: Any, *, team: Team | None = None,
         _in_scope(team.id if team is not None else None),
         EvidenceReport.status.in_(("queued", "running")))
         .execution_options(populate_existing=True).limit(1)).first()
-    if pending is not None:
+    if pending is not None and not abandoned(pending.created_at):
         return pending, False
+    if pending is not None:  # its job died (a worker lost): no longer in the making
+        pending.status, pending.stage = "failed", "abandoned"
+        pending.finished_at = datetime.now(UTC)
     report = EvidenceReport(team_id=team.id if team is not None else None,
                             requested_by_id=user.id if user is not None else None,
                             status="queued", progress=0, stage="queued")

@@ -141,3 +141,15 @@ def test_staff_admins_have_the_deployments_report(app, client, auth, db_session)
     html = client.post(f"/admin/evidence/{report.id}/html",
                        data={"csrf_token": csrf_from(client, "/admin/evidence/")})
     assert html.status_code == 200 and b'id="verdict"' in html.data
+
+
+def test_a_report_whose_job_died_does_not_block_a_new_one(db_session):
+    from datetime import UTC, datetime, timedelta
+
+    lead, _, _, team = _pilot(db_session)
+    stuck, _ = request_report(db_session, lead, team=team)
+    stuck.status, stuck.created_at = "running", datetime.now(UTC) - timedelta(hours=1)
+    db_session.flush()
+    fresh, new = request_report(db_session, lead, team=team)
+    assert (new, fresh.id != stuck.id, stuck.status, stuck.stage) == (
+        True, True, "failed", "abandoned")
