@@ -1,7 +1,9 @@
 """What only the running app can show, measured by asking it: internal requests (headers,
 the session cookie, CSRF, the body limit), its URL map, its rate limiter read back, and its
 OAuth server's registered grants called with probe requests. The report's checks judge
-these answers (``checks.AppProbes``)."""
+these answers (``checks.AppProbes``). The limiter's limits and the server's registered
+grants are read through Flask-Limiter's and Authlib's own (underscored) registries, the
+only place they are kept; tests/evidence pins what they read."""
 
 from __future__ import annotations
 
