@@ -64,9 +64,16 @@ def test_the_owner_asks_for_the_report_and_downloads_it(app, client, auth, db_se
 
 
 def test_the_team_report_names_members_roles_policies_and_holds_no_content(
-        app, db_session):
+        app, db_session, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG)
     lead, _, _, team = _pilot(db_session)
     report, _ = request_report(db_session, lead, team=team)
+    # Its job carries the report's id, nothing else.
+    (job,) = [call for _, (kind, call) in db_session.info["orbitpilot.pending_jobs"]
+              if kind == "call" and call.function == "jobs.evidence.run_report"]
+    assert job.args == (report.id,)
     report = _made(app, db_session, report.id)
     document = json.loads(report.body)
     assert {(m["name"], m["role"]) for m in document["team"]["members"]} >= {
@@ -88,7 +95,7 @@ def test_the_team_report_names_members_roles_policies_and_holds_no_content(
     assert {e.action for e in events} == {"evidence.request", "evidence.ready"}
     for blob in (report.body.decode(), html, rendering(report, "oscal.json",
                                                       signing_key(app)).decode(),
-                 json.dumps([e.details for e in events])):
+                 json.dumps([e.details for e in events]), caplog.text):
         assert "canary-4f1c9e" not in blob
 
 
