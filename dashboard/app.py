@@ -15,6 +15,7 @@ from sqlalchemy import event
 import dashboard.catalog  # noqa: F401  (installs the sources, in rank order)
 import dashboard.models  # noqa: F401  (the whole schema, for Alembic and relationships)
 from dashboard.admin.assignments import AssignmentView
+from dashboard.admin.evidence import EvidenceView
 from dashboard.admin.home import StaffIndexView
 from dashboard.admin.retention import RetentionView
 from dashboard.admin.views import (
@@ -41,6 +42,7 @@ from dashboard.database import normalise_database_url
 from dashboard.documents.views import bp as documents_bp
 from dashboard.embedded import OWNER_ROLE, EmbeddedBinding, ensure_started, get_services
 from dashboard.errors import register_error_handlers
+from dashboard.evidence.views import bp as evidence_bp
 from dashboard.exports.views import bp as exports_bp
 from dashboard.extensions import csrf, db, login_manager, migrate
 from dashboard.memory import MemoryBuild
@@ -163,7 +165,7 @@ def _start_embedded_on_first_use(app: Flask) -> None:
 def init_blueprints(app: Flask) -> None:
     for blueprint in (main_bp, auth_bp, memory_bp, orbitpilot_bp, blinks_bp, profile_bp,
                       documents_bp, keys_bp, memories_bp, connectors_bp, metrics_bp,
-                      exports_bp, teams_bp, team_memories_bp):
+                      exports_bp, teams_bp, team_memories_bp, evidence_bp):
         app.register_blueprint(blueprint)
     init_oauth(app)
 
@@ -192,6 +194,8 @@ def init_admin(app: Flask) -> Admin:
     admin.add_view(RetentionView(name="Retention", endpoint="retention",
                                  url="/admin/retention"))
     admin.add_view(SupportView(name="Support", endpoint="support", url="/support"))
+    admin.add_view(EvidenceView(name="Evidence", endpoint="evidence_admin",
+                                url="/admin/evidence"))
     app.after_request(without_inline_handlers)
     return admin
 

@@ -22,6 +22,7 @@ from dashboard.auth import services as accounts
 from dashboard.connectors.cli import mcp_group
 from dashboard.demo import DEMO_PASSWORD, describe_seeded, seed_demo
 from dashboard.embedded import get_services
+from dashboard.evidence.cli import evidence_group
 from dashboard.extensions import db
 from dashboard.memory import VIOLATION_KINDS, settings_from, verify_memory
 from dashboard.plans.services import find_plan
@@ -38,6 +39,7 @@ def register_cli(app: Flask) -> None:
     app.cli.add_command(seed_demo_command)
     app.cli.add_command(audit_group)
     app.cli.add_command(memories_group)
+    app.cli.add_command(evidence_group)
 
 
 @click.group("services", help="The embedded PostgreSQL and Valkey servers.")

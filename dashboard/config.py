@@ -59,6 +59,15 @@ def instance_folder(default: Path) -> Path:
     return Path(_env("ORBITPILOT_INSTANCE", default))
 
 
+def parse_signing_key(value: str) -> str:
+    """An Ed25519 private key as 64 hex digits or a PEM block (read by evidence.signing)."""
+    text = value.strip()
+    if text.startswith("-----BEGIN") or (len(text) == 64 and all(
+            c in "0123456789abcdefABCDEF" for c in text)):
+        return text
+    raise ValueError("give 64 hex digits (the Ed25519 private key's 32 bytes) or a PEM key")
+
+
 def _instance_secret_key(instance_path: Path, name: str = "secret_key") -> str:
     """A key generated once and kept under instance/, so sessions survive restarts.
 
@@ -131,6 +140,11 @@ def settings_from_env(instance_path: Path) -> dict[str, Any]:
         "AUDIT_ANCHOR_S3_ENDPOINT": _env("AUDIT_ANCHOR_S3_ENDPOINT", None),
         "AUDIT_ANCHOR_RETAIN_DAYS": _env("AUDIT_ANCHOR_RETAIN_DAYS", 2557, int),
         "AUDIT_ANCHOR_LOCK_MODE": _env("AUDIT_ANCHOR_LOCK_MODE", "COMPLIANCE"),
+        # Signs evidence reports (Ed25519): the private key's 32 bytes as 64 hex digits.
+        # Unset: generated once into instance/evidence_signing_key. Its public half is
+        # served at /.well-known/orbitpilot-evidence-key.pem and printed in each report.
+        "EVIDENCE_SIGNING_KEY": _env("EVIDENCE_SIGNING_KEY", None, parse_signing_key)
+        or _instance_secret_key(instance_path, "evidence_signing_key"),
         # Secure cookies when served over HTTPS.
         "SESSION_COOKIE_SECURE": _env("SESSION_COOKIE_SECURE", False, parse_boolean),
         # Minimum password length at sign-up.

@@ -11,6 +11,7 @@ from dashboard.connectors.models import (
     OAuthToken,
 )
 from dashboard.documents.models import Document
+from dashboard.evidence.models import EvidenceDrill, EvidenceReport
 from dashboard.exports.models import DataExport, DataExportPart
 from dashboard.holds.models import HeldVersion, LegalHold
 from dashboard.leases import MaintenanceLease
@@ -22,7 +23,8 @@ from dashboard.teams.models import Team, TeamApp, TeamInvitation, TeamMember
 
 __all__ = [
     "ApiKey", "AuditCheckpoint", "AuditEvent", "Blink", "ConnectorAccess", "Conversation",
-    "DataExport", "DataExportPart", "Document", "ForgetMarker", "HeldVersion", "LegalHold",
+    "DataExport", "DataExportPart", "Document", "EvidenceDrill", "EvidenceReport",
+    "ForgetMarker", "HeldVersion", "LegalHold",
     "MaintenanceLease",
     "Memory", "MemoryBuild", "MemoryChunk", "MemoryVersion", "Message", "OAuthClient",
     "OAuthCode", "OAuthGrant", "OAuthToken", "Plan", "ProfileFact", "ReplyRecall",

@@ -148,12 +148,15 @@ def ago(moment: datetime | None) -> str:
 # The team export's page (the exports package's, for owners and admins), when the app has
 # one: the team nav links it.
 TEAM_EXPORT = "exports.team"
+TEAM_EVIDENCE = "evidence.team"
 
 
 @bp.app_context_processor
 def team_words() -> dict[str, Any]:
     export = TEAM_EXPORT if TEAM_EXPORT in current_app.view_functions else None
-    return {"ROLE_WORDS": ROLE_WORDS, "TEAM_ROLES": ROLES, "TEAM_EXPORT_ENDPOINT": export}
+    evidence = TEAM_EVIDENCE if TEAM_EVIDENCE in current_app.view_functions else None
+    return {"ROLE_WORDS": ROLE_WORDS, "TEAM_ROLES": ROLES, "TEAM_EXPORT_ENDPOINT": export,
+            "TEAM_EVIDENCE_ENDPOINT": evidence}
 
 
 @bp.after_app_request

@@ -12,6 +12,7 @@ code; the rules they encode, and what the cells cost, are in the comment below."
 #   also needs ``memory:hard_delete``, whatever the role (the scope is checked first);
 # - invite, remove, change roles, change the controls, export, read the team audit: owners
 #   and admins; an owner is invited, removed, made or unmade by an owner only;
+# - the evidence report: owners only (admins 403 like members);
 # - anyone not a member — who never was, or was removed — gets what a team that does not
 #   exist gets, byte for byte: on the pages the same 404 and words, on the API the same
 #   problem+json, on MCP the same tool error. Their credential names the team even so (a
@@ -125,6 +126,7 @@ ACTIONS = {
     "change_owner_role": "make an owner (of two) an admin",
     "change_policy": "change the team's controls",
     "export": "ask for the team's export",
+    "evidence": "ask for the team's evidence report (owners only)",
     "audit": "read the team's audit log",
 }
 
@@ -166,6 +168,7 @@ PAGES: dict[str, tuple | NA] = {
     "change_owner_role":    (303, 403, 403, 403, 404, 404),
     "change_policy":        (303, 303, 403, 403, 404, 404),
     "export":               (303, 303, 403, 403, 404, 404),
+    "evidence":             (303, 403, 403, 403, 404, 404),
     "audit":                (200, 200, 403, 403, 404, 404),
 }
 
@@ -196,6 +199,7 @@ API: dict[str, tuple | NA] = {
     "change_owner_role":    NA(TEAMS_ON_PAGES),
     "change_policy":        NA(TEAMS_ON_PAGES),
     "export":               NA("the API's export is the key owner's own, never a team's"),
+    "evidence":             NA(TEAMS_ON_PAGES),
     "audit":                NA(TEAMS_ON_PAGES),
 }
 
@@ -227,6 +231,7 @@ MCP: dict[str, tuple | NA] = {
     "change_owner_role":    NA(TEAMS_NOT_ON_MCP),
     "change_policy":        NA(TEAMS_NOT_ON_MCP),
     "export":               NA(TEAMS_NOT_ON_MCP),
+    "evidence":             NA(TEAMS_NOT_ON_MCP),
     "audit":                NA(TEAMS_NOT_ON_MCP),
 }
 
@@ -422,6 +427,7 @@ def page_request(w: World, persona: str, action: str, slug: str = "pilot") -> Pa
                               {"user_id": co_owner, "role": "admin"}),
         "change_policy": ("POST", f"/teams/{slug}/settings", CONTROLS),
         "export": ("POST", f"/teams/{slug}/export", {}),
+        "evidence": ("POST", f"/teams/{slug}/evidence", {}),
         "audit": ("GET", f"/teams/{slug}/audit", None),
     }
     return requests[action.removesuffix("_own")]
@@ -571,6 +577,12 @@ TEAM_PAGES: dict[tuple[str, str], Rows] = {
     ("/teams/<slug>/export", "POST"): ("export",),
     ("/teams/<slug>/export/<export_id>/download", "POST"): "a made export's download: "
                                                            "export's rule",
+    ("/teams/<slug>/evidence", "GET"): "the evidence page: evidence's rule "
+                                       "(tests/evidence/test_pages.py)",
+    ("/teams/<slug>/evidence", "POST"): ("evidence",),
+    ("/teams/<slug>/evidence/drill", "POST"): "the drill: evidence's rule",
+    ("/teams/<slug>/evidence/<report_id>/<fmt>", "POST"): "a made report's download: "
+                                                          "evidence's rule",
     ("/teams/<slug>/memories/", "GET"): ("read",),
     ("/teams/<slug>/memories/", "POST"): ("write",),
     ("/teams/<slug>/memories/<memory_id>/edit", "GET"): "edit's form (test_pages.py)",
