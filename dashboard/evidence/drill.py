@@ -32,9 +32,9 @@ from dashboard.memory import (
     execute_build,
     get_embedder,
 )
+from dashboard.saved_memories import export_memories, forget_memory, recall, save_memory
 from dashboard.saved_memories.erasure import vacuum_after_erasures
 from dashboard.saved_memories.models import ForgetMarker, Memory, MemoryVersion
-from dashboard.saved_memories.services import export_memories, forget_memory, recall, save_memory
 from dashboard.teams.models import Team
 
 log = logging.getLogger(__name__)
