@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 _LETTER = re.compile(r"[^\W\d_]", re.UNICODE)
-_WORD = re.compile(r"[^\W\d_]+", re.UNICODE)
+_WORD = re.compile(r"\b[^\W\d_]+\b", re.UNICODE)  # whole words: not "d" of "50d3"
 ENGLISH_WORDS = frozenset(
     "the a an and or of to in on for with my i me what when where which who how is are was "
     "do does did have has should can about at from your you we our this that it".split())

@@ -125,7 +125,7 @@ def recalled_as(hit: MemoryHit) -> str:
 EN, FR, ZH = "en", "fr", "zh"
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _FRENCH_LETTERS = re.compile(r"[àâæçéèêëîïôœùûÿ]", re.IGNORECASE)
-_WORDS = re.compile(r"[a-zà-ÿœæ]+", re.IGNORECASE)
+_WORDS = re.compile(r"\b[a-zà-ÿœæ]+\b", re.IGNORECASE)  # whole words: not "d" of "50d3"
 # Words common in one language and rare in the other (no "de", "la": names carry them).
 _FRENCH_WORDS = frozenset(
     "le les des du au aux est sont je tu il elle nous vous mon ma mes ton ta tes votre vos "

@@ -29,6 +29,8 @@ CHINESE = "我女儿在读大学，学的是建筑。"
 def test_english_is_told_from_french_and_chinese():
     assert is_english("what city am I based in?")
     assert is_english("BL-422")  # nothing to tell by: English is the safe reading
+    # The letters inside a code are no words ("d" is French, as in "d'après").
+    assert is_english("What is Heron 50d3f993758448d5954b617df7ed0d07?")
     assert not is_english("dans quelle ville est-ce que j'habite ?")
     assert not is_english("on peut se voir demain pour parler du projet")
     assert not is_english("我住在哪个城市？")

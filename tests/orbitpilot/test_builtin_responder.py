@@ -44,6 +44,7 @@ def saved(content: str, relevance: str = RELEVANT, source_id: str = "m1") -> Mem
     ("Où est-ce que j'habite ?", FR), ("quelle ville pour les vacances", FR),
     ("Et alors ?", FR), ("Préférences ?", FR), ("Where is my résumé?", EN),
     ("我住在哪里？", ZH), ("工单 BL-422 怎么样了", ZH),
+    ("What is Heron 50d3f993758448d5954b617df7ed0d07?", EN),  # no word in a code
 ])
 def test_the_language_of_a_question(question, language):
     assert language_of(question) == language

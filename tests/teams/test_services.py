@@ -16,6 +16,7 @@ from dashboard.auth.models import User
 from dashboard.auth.services import authenticate
 from dashboard.memory import MemoryChunk
 from dashboard.memory.embedders import HashingEmbedder
+from dashboard.saved_memories import MemoryNotFound
 from dashboard.saved_memories import reach as reached
 from dashboard.saved_memories.models import Memory
 from dashboard.teams import services as teams
@@ -208,7 +209,7 @@ def test_sharing_copies_a_personal_memory_with_its_provenance(db_session):
     assert (shared.owner_id, shared.shared_from_id, shared.content, shared.author_id) == (
         team.id, own.id, own.content, member.id)
     assert db_session.get(Memory, own.id).owner_id == member.id  # the original stays
-    with pytest.raises(reached.services.MemoryNotFound):  # only one's own is shared
+    with pytest.raises(MemoryNotFound):  # only one's own is shared
         reached.share_to_team(db_session, reach_of(db_session, lead.id), own.id, "pilot",
                               actor=Actor.of(lead))
 
