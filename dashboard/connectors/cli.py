@@ -11,7 +11,7 @@ from flask import current_app
 from flask.cli import with_appcontext
 
 from dashboard.connectors.mcp import build_server, from_api_key
-from dashboard.memory import get_embedder
+from dashboard.memory import preload_embedder
 from dashboard.saved_memories.models import MEMORY_SOURCES
 
 KEY_VARIABLE = "ORBITPILOT_API_KEY"
@@ -37,6 +37,6 @@ def stdio(source: str) -> None:
     # stdout is the protocol: every log line goes to stderr.
     logging.basicConfig(stream=sys.stderr, level=logging.WARNING, force=True)
     principal = from_api_key(raw, source=source)
-    # The model loads (and runs once) before the session starts, not at its first search.
-    get_embedder(current_app.config["EMBEDDER"]).embed(["warm up"])
+    # The model loads before the session starts, not at its first search.
+    preload_embedder(current_app.config["EMBEDDER"])
     build_server(current_app._get_current_object(), principal).run("stdio")
