@@ -594,15 +594,6 @@ def _as_preview(comparison: Comparison, keys: list[str] | None = None,
     return {key: SourcePreview(key, *counts.get(key, (0, 0, 0))) for key in keys}
 
 
-def _preview_everything(session: Session, user_id: int, included: tuple[str, ...],
-                        embedder_name: str, keys: list[str] | None = None,
-                        ) -> dict[str, SourcePreview]:
-    """The comparison of everything (extract, chunk, key, ``quick_diff``), for ``keys``
-    (default: every source)."""
-    return _as_preview(compare_everything(session, user_id, included, embedder_name, keys),
-                       keys)
-
-
 _COPY_COLUMNS = ("user_id", "source_key", "source_id", "chunk_index", "content_hash", "content",
                  "embedding", "embedding_model", "build_id", "ann", "record_at")
 _COPY_TYPES = ("int4", "varchar", "varchar", "int4", "varchar", "text", "vector", "varchar",

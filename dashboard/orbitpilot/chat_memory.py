@@ -57,7 +57,3 @@ def get_chat_memory(user: Any, plans: UserPlans) -> ChatMemory:
     return chat_memory_for(resolve_sources(get_user_plan(user, plans)))
 
 
-def get_chat_memory_notice(user: Any, plans: UserPlans) -> str:
-    """The line under the chat composer: the guest invitation; CHAT_REMEMBERED when chat
-    history is included; else exactly the Memory Status page's reason."""
-    return get_chat_memory(user, plans).text

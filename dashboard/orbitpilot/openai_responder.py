@@ -177,11 +177,6 @@ def stream_pieces(lines: Iterable[bytes | str]) -> Iterator[str]:
         raise OpenAIResponderError("the server gave an empty answer")
 
 
-def parse_stream(lines: Iterable[bytes | str]) -> str:
-    """The whole answer of a stream (``stream_pieces`` joined)."""
-    return "".join(stream_pieces(lines)).strip()
-
-
 def _bounded_lines(response: Any, deadline: float) -> Iterator[bytes]:
     # The socket timeout bounds each read; this bounds the whole answer, in time and size
     # (a line without an end included).
@@ -221,12 +216,6 @@ def chat_completion_pieces(url: str, messages: list[dict[str, str]], *, model: s
         yield from stream_pieces(_bounded_lines(response, deadline))
 
 
-def stream_chat_completion(url: str, messages: list[dict[str, str]], *, model: str,
-                           api_key: str | None = None,
-                           timeout: float = DEFAULT_TIMEOUT) -> str:
-    """The whole answer (``chat_completion_pieces`` joined)."""
-    return "".join(chat_completion_pieces(url, messages, model=model, api_key=api_key,
-                                          timeout=timeout)).strip()
 
 
 class OpenAIResponder:

@@ -19,7 +19,8 @@ from dashboard.extensions import db
 from dashboard.memory.embedders import HashingEmbedder
 from dashboard.memory.models import MemoryState
 from dashboard.memory.pipeline import (
-    _preview_everything,
+    _as_preview,
+    compare_everything,
     preview_memory_build,
     resolve_for_build,
     run_memory_build,
@@ -60,7 +61,10 @@ def check(session, user):
     session.commit()
     dry = dry_run(session, user)
     included = resolve_for_build(session, user).included_keys
-    assert dry == as_counts(_preview_everything(session, user.id, included, EMBEDDER.name))
+    # The comparison of everything (extract, chunk, key, ``quick_diff``), as a preview.
+    everything = _as_preview(compare_everything(session, user.id, included, EMBEDDER.name,
+                                                None), None)
+    assert dry == as_counts(everything)
     result = build(session, user, embedder=EMBEDDER, commit=True)
     for key in source_keys():
         done = result.per_source.get(key, {})

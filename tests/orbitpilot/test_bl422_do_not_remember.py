@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 
 from dashboard.audit.models import AuditEvent
 from dashboard.memory import MemoryBuild, MemoryChunk, get_embedder, search_memory
-from dashboard.orbitpilot.chat_memory import get_chat_memory_notice
+from dashboard.orbitpilot.chat_memory import get_chat_memory
 from dashboard.orbitpilot.conversations import NOT_REMEMBERED_LABEL, REMEMBERED_LABEL
 from dashboard.orbitpilot.marks import REMEMBER_TOGGLE_ACTION
 from dashboard.orbitpilot.models import Message, ProfileFact
@@ -412,21 +412,21 @@ class SU101Q1SourceCapFindingTests:
         assert chat.state is SourceState.EVICTED_BY_CAP
         assert chat.cap == 3 and chat.filled_by == (PROFILE, BLINKS, SAVED)
         # The notice says exactly what the status page says, never "remembered".
-        notice = get_chat_memory_notice(user, plans_of(db_session))
+        notice = get_chat_memory(user, plans_of(db_session)).text
         assert notice == state_sentence(chat, resolution)
-        assert get_chat_memory_notice(user, plans_of(db_session)) != CHAT_REMEMBERED
+        assert get_chat_memory(user, plans_of(db_session)).text != CHAT_REMEMBERED
 
     def test_cap_four_includes_it(self, db_session):
         user, _, chat = chat_resolution(db_session, make_plan(db_session, cap=4))
         assert chat.state is SourceState.INCLUDED
-        assert get_chat_memory_notice(user, plans_of(db_session)) == CHAT_REMEMBERED
+        assert get_chat_memory(user, plans_of(db_session)).text == CHAT_REMEMBERED
 
     @pytest.mark.parametrize("switched_off", [PROFILE, BLINKS, SAVED])
     def test_switching_one_of_the_three_off_includes_it(self, db_session, switched_off):
         plan = make_plan(db_session, cap=3, assignments={switched_off: False})
         user, _, chat = chat_resolution(db_session, plan)
         assert chat.state is SourceState.INCLUDED
-        assert get_chat_memory_notice(user, plans_of(db_session)) == CHAT_REMEMBERED
+        assert get_chat_memory(user, plans_of(db_session)).text == CHAT_REMEMBERED
 
     def test_a_build_on_the_untouched_plan_stores_no_chat(self, db_session, embedder):
         user = make_user(db_session, plan=make_plan(db_session, cap=3))

@@ -473,7 +473,7 @@ def test_one_truth_the_notice_the_honesty_note_and_memory_status_in_every_state(
     assert source.state is state
     expected = CHAT_REMEMBERED if state is SourceState.INCLUDED \
         else state_sentence(source, resolution)
-    assert chat_memory.get_chat_memory_notice(user, plans_of(db_session)) == expected
+    assert chat_memory.get_chat_memory(user, plans_of(db_session)).text == expected
 
     auth.login(user.email)
     body = send(client, "Is this remembered?").get_json()
@@ -540,7 +540,7 @@ def test_the_note_follows_the_plan_at_request_time(client, auth, db_session):
 
 
 def test_the_notice_for_a_guest_is_the_invitation(db_session):
-    assert chat_memory.get_chat_memory_notice(None, plans_of(db_session)) == GUEST_INVITATION
+    assert chat_memory.get_chat_memory(None, plans_of(db_session)).text == GUEST_INVITATION
 
 
 def test_the_notice_reads_the_plan_once_per_request(app, db_session, count_queries):
@@ -548,9 +548,9 @@ def test_the_notice_reads_the_plan_once_per_request(app, db_session, count_queri
     with app.test_request_context("/"):
         login_user(user)
         with count_queries() as first:
-            notice = chat_memory.get_chat_memory_notice(user, request_plans())
+            notice = chat_memory.get_chat_memory(user, request_plans()).text
         with count_queries() as second:
-            assert chat_memory.get_chat_memory_notice(user, request_plans()) == notice
+            assert chat_memory.get_chat_memory(user, request_plans()).text == notice
     assert first.count == 1 and second.count == 0
 
 

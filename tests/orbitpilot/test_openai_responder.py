@@ -20,14 +20,15 @@ from dashboard.extensions import db
 from dashboard.orbitpilot import chat_memory, replies
 from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.openai_responder import (
+    DEFAULT_TIMEOUT,
     FLAGGED_TURNS,
     UNSURE_ITEMS,
     OpenAIResponder,
     OpenAIResponderError,
     build_messages,
+    chat_completion_pieces,
     current_settings,
-    parse_stream,
-    stream_chat_completion,
+    stream_pieces,
     system_prompt,
 )
 from dashboard.orbitpilot.responder import (
@@ -51,6 +52,18 @@ from tests.workers import run_worker
 ANSWER_PIECES = ["Here is ", "what I ", "found — ", "voilà", "."]
 ANSWER = "".join(ANSWER_PIECES)
 MODEL = "orbit-test-model"
+
+
+def parse_stream(lines) -> str:
+    """The whole answer of a stream (``stream_pieces`` joined)."""
+    return "".join(stream_pieces(lines)).strip()
+
+
+def stream_chat_completion(url: str, messages: list[dict[str, str]], *, model: str,
+                           api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> str:
+    """The whole answer (``chat_completion_pieces`` joined)."""
+    return "".join(chat_completion_pieces(url, messages, model=model, api_key=api_key,
+                                          timeout=timeout)).strip()
 
 
 # -- a server speaking the protocol ------------------------------------------------------------
