@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from dashboard.memory import minilm_onnx
+
 MODEL_NAME = "all-MiniLM-L6-v2"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as the library does
 HIDDEN, HEADS, LAYERS = 384, 12, 6
@@ -88,9 +90,11 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarr
 
 
 class MiniLM:
-    """The weights and tokenizer of one model folder, and its forward pass."""
+    """The weights and tokenizer of one model folder, and its forward pass: the encoder
+    layers by ONNX Runtime where it is installed (``minilm_onnx``: twice as fast, the same
+    vectors), else by NumPy."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, runtime: str = "auto") -> None:
         from tokenizers import Tokenizer
 
         self.weights = read_safetensors(folder / "model.safetensors")
@@ -117,6 +121,15 @@ class MiniLM:
                 "down": get("output.dense.weight").T, "down_bias": get("output.dense.bias"),
                 "norm2": (get("output.LayerNorm.weight"), get("output.LayerNorm.bias")),
             })
+        # The graph is made here (a worker's parent, before it forks); a session per
+        # process, at its first batch (``_session``).
+        onnx = runtime == "onnxruntime" or (runtime == "auto" and minilm_onnx.available())
+        self._sessions = minilm_onnx.Sessions(minilm_onnx.build_graph(
+            self.layers, HIDDEN, HEADS, LAYER_NORM_EPS)) if onnx else None
+
+    @property
+    def runtime(self) -> str:
+        return "numpy" if self._sessions is None else "onnxruntime"
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and attention mask, padded to the longest text of ``texts``."""
@@ -134,6 +147,10 @@ class MiniLM:
              + w["embeddings.token_type_embeddings.weight"][0])
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
         padding = ((1.0 - mask) * MASKED)[:, None, None, :]
+        if self._sessions is not None:
+            x = self._sessions.get().run(None, {"x": x.astype(np.float32, copy=False),
+                                           "mask": padding.astype(np.float32)})[0]
+            return _pooled(x, mask)
         scale = np.float32(1 / math.sqrt(HEAD))
 
         def heads(t: np.ndarray) -> np.ndarray:
@@ -148,6 +165,11 @@ class MiniLM:
             x = _layer_norm(context @ layer["out"] + layer["out_bias"] + x, *layer["norm1"])
             hidden = _gelu(x @ layer["up"] + layer["up_bias"])
             x = _layer_norm(hidden @ layer["down"] + layer["down_bias"] + x, *layer["norm2"])
-        weights = mask[:, :, None]
-        pooled = (x * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
-        return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return _pooled(x, mask)
+
+
+def _pooled(x: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Mean over the tokens that are not padding, to unit length."""
+    weights = mask[:, :, None]
+    pooled = (x * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
+    return pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)

@@ -82,3 +82,15 @@ def test_a_forked_work_horse_embeds_after_its_parent_did(minilm):
     with os.fdopen(read, "rb") as pipe:
         there = np.frombuffer(pipe.read(), dtype=np.float32).reshape(here.shape)
     assert np.abs(here - there).max() < 1e-6
+
+
+@requires_ml
+def test_onnx_runtime_runs_the_layers_with_numpys_vectors(minilm):
+    """The ml extra brings ONNX Runtime: it runs the encoder, and gives NumPy's vectors."""
+    from dashboard.memory.minilm import MiniLM, model_folder
+
+    assert minilm._model.runtime == "onnxruntime"
+    by_numpy = MiniLM(model_folder(), runtime="numpy")
+    texts = REFERENCE["texts"]
+    onnx = minilm._model.forward(*minilm._model.encode(texts))
+    assert np.abs(onnx - by_numpy.forward(*by_numpy.encode(texts))).max() < 1e-5
