@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dashboard.memory import minilm_onnx
+from dashboard.memory.minilm_onnx import Sessions, build_graph, onnx_available
 
 MODEL_NAME = "all-MiniLM-L6-v2"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as the library does
@@ -91,7 +91,7 @@ def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> np.ndarr
 
 class MiniLM:
     """The weights and tokenizer of one model folder, and its forward pass: the encoder
-    layers by ONNX Runtime where it is installed (``minilm_onnx``: twice as fast, the same
+    layers by ONNX Runtime where it is installed (``minilm_onnx.py``: twice as fast, the same
     vectors), else by NumPy."""
 
     def __init__(self, folder: Path, *, runtime: str = "auto") -> None:
@@ -123,8 +123,8 @@ class MiniLM:
             })
         # The graph is made here (a worker's parent, before it forks); a session per
         # process, at its first batch (``_session``).
-        onnx = runtime == "onnxruntime" or (runtime == "auto" and minilm_onnx.available())
-        self._sessions = minilm_onnx.Sessions(minilm_onnx.build_graph(
+        onnx = runtime == "onnxruntime" or (runtime == "auto" and onnx_available())
+        self._sessions = Sessions(build_graph(
             self.layers, HIDDEN, HEADS, LAYER_NORM_EPS)) if onnx else None
 
     @property

@@ -15,7 +15,7 @@ import numpy as np
 HEADS_SHAPE, HIDDEN_SHAPE = "shape_heads", "shape_hidden"
 
 
-def available() -> bool:
+def onnx_available() -> bool:
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
