@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session  # noqa: E402
 
 from bench._setup import drop_database, fresh_database, migrated_app, ms  # noqa: E402
 from dashboard.extensions import db  # noqa: E402
+from dashboard.memory.models import EMBEDDING_DIMENSIONS  # noqa: E402
 
 WORDS = ("lisbon porto budget flight hotel museum dinner recipe garden meeting project "
          "deadline invoice puppy training running marathon coffee book chapter").split()
@@ -456,16 +457,17 @@ def unit_rows(matrix: np.ndarray) -> np.ndarray:
 
 class Structured:
     """Vectors with the low intrinsic dimension of sentence embeddings: a Gaussian in a
-    random 32-dimensional subspace, plus isotropic noise (15% of the signal) in all 384."""
+    random 32-dimensional subspace, plus isotropic noise (15% of the signal) in every
+    dimension of the column."""
 
     def __init__(self, seed: int, dimensions: int = 32, noise: float = 0.15) -> None:
         rng = np.random.default_rng(seed)
-        self.basis, _ = np.linalg.qr(rng.standard_normal((384, dimensions)))
-        self.noise = noise * np.sqrt(dimensions / 384)
+        self.basis, _ = np.linalg.qr(rng.standard_normal((EMBEDDING_DIMENSIONS, dimensions)))
+        self.noise = noise * np.sqrt(dimensions / EMBEDDING_DIMENSIONS)
 
     def draw(self, rng: np.random.Generator, count: int) -> np.ndarray:
         signal = rng.standard_normal((count, self.basis.shape[1])) @ self.basis.T
-        return unit_rows(signal + self.noise * rng.standard_normal((count, 384)))
+        return unit_rows(signal + self.noise * rng.standard_normal((count, EMBEDDING_DIMENSIONS)))
 
 
 def copy_vectors(conn, rows) -> None:
@@ -513,7 +515,7 @@ def load_random_chunks(app, total: int, users: int) -> tuple[list[int], int]:
     try:
         conn = raw.driver_connection
         for user_id in ids:
-            vectors = unit_rows(rng.standard_normal((per_user, 384)))
+            vectors = unit_rows(rng.standard_normal((per_user, EMBEDDING_DIMENSIONS)))
             copy_vectors(conn, ((user_id, i, vectors[i], False) for i in range(per_user)))
         conn.commit()
     finally:
@@ -562,7 +564,7 @@ def load_big_user(app, chunks: int) -> tuple[int, np.ndarray, list[int], Structu
 class Fixed:
     """An embedder that returns the vector set before each query."""
 
-    name, dimensions = "random", 384
+    name, dimensions = "random", EMBEDDING_DIMENSIONS
 
     def __init__(self) -> None:
         self.vector = None
@@ -612,7 +614,7 @@ def bench_retrieval(app, total: int, users: int, big_chunks: int, queries: int) 
     with app.app_context():
         session = db.session
         picks = [int(rng.choice(user_ids)) for _ in range(queries)]
-        vectors = unit_rows(rng.standard_normal((queries, 384)))
+        vectors = unit_rows(rng.standard_normal((queries, EMBEDDING_DIMENSIONS)))
         stored: dict[int, tuple[list[int], np.ndarray]] = {}
 
         def small_truth(user_id):
@@ -650,7 +652,8 @@ def bench_retrieval(app, total: int, users: int, big_chunks: int, queries: int) 
             print(f"    ef_search {ef:>3}: recall@10 {statistics.mean(recalls):.3f} (min "
                   f"{min(recalls):.1f})  p50 {ms(statistics.median(latencies))}  p95 "
                   f"{ms(p95(latencies))}")
-        unstructured = unit_rows(np.random.default_rng(9).standard_normal((50, 384)))
+        unstructured = unit_rows(
+            np.random.default_rng(9).standard_normal((50, EMBEDDING_DIMENSIONS)))
         latencies, recalls = ef_sweep(session, big_id, unstructured, big_truth,
                                       HNSW_EF_SEARCH)
         print(f"  random queries off the data's subspace: recall@10 "
@@ -677,7 +680,7 @@ def bench_retrieval(app, total: int, users: int, big_chunks: int, queries: int) 
 
 def load_exact_user(app, chunks: int) -> int:
     (user_id,) = make_users(app, 1, "edge")
-    vectors = unit_rows(np.random.default_rng(11).standard_normal((chunks, 384)))
+    vectors = unit_rows(np.random.default_rng(11).standard_normal((chunks, EMBEDDING_DIMENSIONS)))
     raw = raw_connection(app)
     try:
         conn = raw.driver_connection

@@ -26,10 +26,11 @@ from sqlalchemy import text  # noqa: E402
 
 from bench._setup import drop_database, fresh_database, migrated_app  # noqa: E402
 from dashboard.extensions import db  # noqa: E402
+from dashboard.memory.models import EMBEDDING_DIMENSIONS  # noqa: E402
 
 DATABASE = "orbitpilot_bench_export"
 PER_CONVERSATION = 100
-VECTOR = "[" + ",".join(["0.051"] * 384) + "]"
+VECTOR = "[" + ",".join(["0.051"] * EMBEDDING_DIMENSIONS) + "]"
 
 
 def parse_args() -> argparse.Namespace:

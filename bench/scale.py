@@ -28,6 +28,7 @@ from sqlalchemy import any_, func, literal, select, text  # noqa: E402
 
 from bench._setup import drop_database, fresh_database, migrated_app  # noqa: E402
 from dashboard.extensions import db  # noqa: E402
+from dashboard.memory.models import EMBEDDING_DIMENSIONS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "orbitpilot_bench_scale"
@@ -94,7 +95,7 @@ def built_users(app, plan_id: int, count: int, tag: str) -> None:
     from dashboard.memory import embedder_model_name
 
     model = embedder_model_name("hashing")
-    vector = "[" + ",".join(["0.05"] * 384) + "]"
+    vector = "[" + ",".join(["0.05"] * EMBEDDING_DIMENSIONS) + "]"
     with app.app_context():
         conn = db.session.connection()
         ids = insert_users(conn, plan_id, count, tag)
