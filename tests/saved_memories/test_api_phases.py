@@ -24,7 +24,7 @@ from tests.live import serving
 
 pytestmark = pytest.mark.processes  # schemathesis' runner in a process of its own
 
-MAX_EXAMPLES = 10
+MAX_EXAMPLES = 6
 # What a schema-valid request may meet besides success: the key's owner lacks the thing
 # (404), its state refuses it (409, 410 once hard-deleted). On the list, a cursor this API
 # never gave out is a 422: an opaque string JSON Schema cannot tell from a real one. So
