@@ -72,7 +72,7 @@ def populate(session, plan, count: int, seed: int = 7, make=None) -> list:
 def test_a_bulk_eviction_leaves_exactly_the_rows_a_build_per_user_would(db_session,
                                                                          count_queries):
     plan = make_plan(db_session, cap=4)
-    users = populate(db_session, plan, 200)
+    users = populate(db_session, plan, 100)
     ids = [u.id for u in users]
     before = stored(db_session, ids)
     assert any(key[0] == CHAT_HISTORY for rows in before.values() for key in rows)
@@ -87,12 +87,12 @@ def test_a_bulk_eviction_leaves_exactly_the_rows_a_build_per_user_would(db_sessi
     assert expected != before
 
     with count_queries() as counter:
-        result = apply_plan_change(db_session, plan.id, batch_size=50)
+        result = apply_plan_change(db_session, plan.id, batch_size=25)
     assert stored(db_session, ids) == expected
     removed = sum(len(before[u] - expected[u]) for u in ids)
     assert result.chunks_removed == removed > 0
-    assert result.batches == 4 and result.users == 200 and result.builds_requested == 0
-    assert result.applied + result.unchanged == 200
+    assert result.batches == 4 and result.users == 100 and result.builds_requested == 0
+    assert result.applied + result.unchanged == 100
     # A fixed number of statements per batch of users, whatever they hold.
     assert counter.count <= 4 * 12 + 6
     assert db_session.scalar(select(func.count()).select_from(MemoryBuild)
@@ -108,7 +108,7 @@ def test_a_bulk_eviction_leaves_exactly_the_rows_a_build_per_user_would(db_sessi
         preview = preview_memory_build(user, session=db_session, embedder_name=EMBEDDER.name)
         assert all(p.to_add == 0 and p.to_remove == 0 for p in preview.values()), user.id
     report = verify_memory(db_session, ann_threshold=10**9, user_ids=ids, repair=False)
-    assert report.users_checked == 200 and report.violations == []
+    assert report.users_checked == 100 and report.violations == []
     records = db_session.scalars(select(MemoryBuild).where(MemoryBuild.user_id.in_(ids))).all()
     assert len(records) == result.applied
     assert {(r.mode, r.trigger, r.status) for r in records} == {("bulk", "plan_change",
@@ -118,7 +118,7 @@ def test_a_bulk_eviction_leaves_exactly_the_rows_a_build_per_user_would(db_sessi
     (event,) = db_session.scalars(select(AuditEvent).where(AuditEvent.action == APPLY_ACTION,
                                                            AuditEvent.target_id == str(plan.id)))
     assert event.details["chunks_removed"] == removed
-    assert event.details["users"] == 200
+    assert event.details["users"] == 100
 
 
 def test_a_user_whose_lock_is_held_gets_their_own_build_after(committed, queue):

@@ -136,7 +136,7 @@ def _cases(operation, world: World) -> st.SearchStrategy:
 def test_every_operation_answers_as_documented(api_schema, world, method, path):
     operation = api_schema[path][method]
 
-    @settings(max_examples=25, derandomize=True, deadline=None, database=None,
+    @settings(max_examples=15, derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck), phases=FUZZ)
     @given(case=_cases(operation, world))
     def call(case) -> None:
