@@ -12,9 +12,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
-# The engine's relevance labels (``dashboard.memory.search``; its front door does not name
-# them): what a demoted hit is labelled, when it carries a label.
-RELEVANT, POSSIBLY_RELATED = "relevant", "possibly_related"
+from dashboard.memory import POSSIBLY_RELATED
 
 # An item as the marks and hits name it: (whose memory, source key, item id).
 Item = tuple[int, str, str]

@@ -65,7 +65,12 @@ from dashboard.memory.requests import (
     request_user_update,
 )
 from dashboard.memory.runner import abandon_build, abandon_builds, execute_build, execute_builds
-from dashboard.memory.search import NothingToSearch, search_memory
+from dashboard.memory.search import (
+    POSSIBLY_RELATED,
+    RELEVANT,
+    NothingToSearch,
+    search_memory,
+)
 from dashboard.memory.settings import EngineSettings, settings_from
 from dashboard.memory.status import BuildSummary, MemoryStatus, memory_status
 from dashboard.memory.verify import KINDS as VIOLATION_KINDS
@@ -93,4 +98,5 @@ __all__ = [
     "MemoryState", "RecallCut", "bind_queue", "embedder_model_name", "get_embedder",
     "match_distance", "preload_embedder", "recall_cut", "settings_from",
     "embedder_loaded", "embedder_loads", "warm_in_background",
+    "RELEVANT", "POSSIBLY_RELATED",
 ]

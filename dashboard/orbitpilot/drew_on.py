@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from dashboard.access import Action, Reach, may, reach_of
-from dashboard.memory import MemoryChunk
+from dashboard.memory import RELEVANT, MemoryChunk
 from dashboard.orbitpilot.models import Message, ReplyRecall
 from dashboard.orbitpilot.responder import MemoryHit, one_line, recalled_as
 from dashboard.saved_memories.models import Memory
@@ -40,7 +40,7 @@ class DrewOn:
     team: str | None = None
     saved_by: str | None = None
     may_forget: bool = False  # a team's item: the person's role there lets them forget it
-    relevance: str = "relevant"  # or "possibly_related": recall was not sure of it
+    relevance: str = RELEVANT  # or POSSIBLY_RELATED: recall was not sure of it
 
     @property
     def kind(self) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.demotions import RELEVANT
+from dashboard.memory import RELEVANT
 from dashboard.orbitpilot.responder import MemoryHit, Reply, ResponderContext, drew_on_summary
 
 DEFAULT_TIMEOUT = 30.0

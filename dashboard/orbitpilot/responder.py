@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Protocol
 
-from dashboard.demotions import RELEVANT
+from dashboard.memory import RELEVANT
 
 DEFAULT_RESPONDER = "dashboard.orbitpilot.responder.BuiltinResponder"
 # How many memory chunks a signed-in user's reply may draw on.

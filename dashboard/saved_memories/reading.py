@@ -12,6 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from dashboard.memory import (
+    RELEVANT,
     Embedder,
     MemoryChunk,
     MemoryStatus,
@@ -45,14 +46,14 @@ class Recalled:
     # even beyond the cut) or "both" (``memory.search``).
     match: str = "semantic"
     # How sure recall is: "relevant", or "possibly_related" (shown rather than hidden).
-    relevance: str = "relevant"
+    relevance: str = RELEVANT
 
 
 def recall_notice(hits: Sequence[Recalled]) -> str | None:
     """The sentence beside a search's results: none found, or none recall is sure of."""
     if not hits:
         return NO_MATCH
-    return None if any(h.relevance == "relevant" for h in hits) else NOT_SURE
+    return None if any(h.relevance == RELEVANT for h in hits) else NOT_SURE
 
 
 def recall(session: Session, owner_ids: int | Sequence[int], query: str, k: int, *,

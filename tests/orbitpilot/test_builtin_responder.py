@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dashboard.demotions import POSSIBLY_RELATED, RELEVANT
-from dashboard.memory import get_embedder, search
+from dashboard.memory import POSSIBLY_RELATED, RELEVANT, get_embedder
 from dashboard.orbitpilot.replies import send_message
 from dashboard.orbitpilot.responder import (
     EN,
@@ -116,10 +115,6 @@ def test_no_hits_give_the_no_match_sentence(question, sentence):
 def test_a_guest_is_told_in_their_language_that_nothing_is_remembered(question, start):
     text = answer(question, guest=True)
     assert text.startswith(start) and "You said" not in text
-
-
-def test_the_relevance_labels_are_the_engines():
-    assert (RELEVANT, POSSIBLY_RELATED) == (search.RELEVANT, search.POSSIBLY_RELATED)
 
 
 @pytest.mark.parametrize("question", ["Ticket BL-422 is done, I think",

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dashboard.demotions import POSSIBLY_RELATED, RELEVANT, demote, widened
-from dashboard.memory import get_embedder, search_memory
+from dashboard.demotions import demote, widened
+from dashboard.memory import POSSIBLY_RELATED, RELEVANT, get_embedder, search_memory
 from dashboard.orbitpilot.marks import mark_not_relevant, not_relevant_items
 from dashboard.orbitpilot.recall import memory_hits
 from dashboard.orbitpilot.replies import send_message

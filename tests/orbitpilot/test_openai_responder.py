@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import func, select
 
 from dashboard.config import SettingError, settings_from_env
-from dashboard.demotions import POSSIBLY_RELATED
 from dashboard.extensions import db
+from dashboard.memory import POSSIBLY_RELATED
 from dashboard.orbitpilot import chat_memory, replies
 from dashboard.orbitpilot.models import Message
 from dashboard.orbitpilot.openai_responder import (
