@@ -27,7 +27,7 @@ from sqlalchemy import select
 
 from dashboard.auth.models import User
 from dashboard.extensions import db
-from dashboard.memory import MemoryBuild
+from dashboard.memory import MemoryBuild, get_embedder
 from tests.conftest import csrf_from
 from tests.factories import PASSWORD, make_plan, make_team, make_user
 
@@ -419,6 +419,9 @@ class Walker:
 
 def _walk(app, client, auth, world: World, identity: str, make_cases,
           sample: Sample) -> None:
+    # As a served app: the run command's workers load the embedder before they serve (a
+    # process that has not says "warming", 503, on /healthz: tests/test_security.py).
+    get_embedder(app.config["EMBEDDER"])
     walker = Walker(client, auth, world, identity)
     walker.start()
     with app.test_request_context():  # url_for
