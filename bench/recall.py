@@ -173,8 +173,8 @@ def in_memory(embedder, data: dict, cut) -> tuple[dict, dict]:
     kept = [[j for j in row if a.match_distance is None or distances[i, j] <= a.match_distance]
             for i, (row, a) in enumerate(zip(order, asked, strict=True))]
     returned = [[ids[j] for j in row] for row in kept]
-    relevant = [[ids[j] for j in row
-                 if a.sure_distance is None or distances[i, j] <= a.sure_distance]
+    relevant = [sure_of(a, [j for j in row if a.sure_distance is None
+                            or distances[i, j] <= a.sure_distance], memories)
                 for i, (row, a) in enumerate(zip(kept, asked, strict=True))]
     answered = [i for i, q in enumerate(queries) if q["answers"]]
     full = np.argsort(distances, axis=1, kind="stable")
@@ -189,6 +189,15 @@ def in_memory(embedder, data: dict, cut) -> tuple[dict, dict]:
                            if not q["answers"]],
     }
     return scored(queries, returned, uncut, relevant=relevant), detail
+
+
+def sure_of(asked, near: list[int], memories: list[dict]) -> list[str]:
+    """The ids of the memories within the sure distance that the query covers, as the
+    product labels them (``QueryVector.covers``)."""
+    if asked.covers is None or not near:
+        return [memories[j]["id"] for j in near]
+    covered = asked.covers([memories[j]["text"] for j in near])
+    return [memories[j]["id"] for j, yes in zip(near, covered, strict=True) if yes]
 
 
 def at_threshold(detail: dict, threshold: float) -> tuple[float, float]:
@@ -263,12 +272,37 @@ def resources(setting: str, pairs: int) -> dict:
         embedder.embed(texts[WARM_UP:])
         seconds.append(time.perf_counter() - started)
     rss_after, rss_peak = memory_kb()
-    return {"setting": setting, "name": embedder.name,
+    return {**coverage_ms(embedder, texts), "setting": setting, "name": embedder.name,
             "cut": getattr(embedder, "match_distance", None),
             "sure": getattr(embedder, "sure_distance", None), "load_s": load_s,
             "texts_per_s": pairs / min(seconds), "pairs": pairs, "rss_before_kb": rss_before,
             "rss_loaded_kb": rss_loaded, "rss_after_kb": rss_after, "rss_peak_kb": rss_peak,
             "packages": packages}
+
+
+COVERAGE_QUESTION = "what did we decide about the billing service?"
+COVERAGE_ROUNDS = 10
+
+
+def coverage_ms(embedder, texts: list[str]) -> dict:
+    """What the coverage check adds to an English search (``QueryVector.covers``): its
+    median time over the question and 1 or 3 hits within the sure distance, chat pairs of
+    ~115 tokens (the longest hits; a saved memory is shorter). None: no such check."""
+    from dashboard.memory.embedders import embed_query
+
+    covers = embed_query(embedder, COVERAGE_QUESTION).covers
+    if covers is None:
+        return {"coverage_ms": None}
+    out = []
+    for hits in (1, 3):
+        covers(texts[:hits])  # warm
+        timings = []
+        for _ in range(COVERAGE_ROUNDS):
+            started = time.perf_counter()
+            covers(texts[:hits])
+            timings.append(time.perf_counter() - started)
+        out.append(1000 * float(np.median(timings)))
+    return {"coverage_ms": out}
 
 
 class Remembered:
@@ -431,7 +465,7 @@ def report(sets: list[dict], results: dict[str, dict], no_db: bool, sweep_on: bo
           "embedding, peak)")
     width = max(10, *map(len, results))
     print(f"  {'setting':<{width}} {'model':<24} {'cut':>5} {'load s':>7} "
-          f"{'texts/s':>8}  {'RSS':<22} installed by loading (MB)")
+          f"{'texts/s':>8} {'cover ms':>11}  {'RSS':<22} installed by loading (MB)")
     for setting, result in results.items():
         res = result["resources"]
         cut = "none" if result["cut"] is None else result["cut"] if \
@@ -440,11 +474,14 @@ def report(sets: list[dict], results: dict[str, dict], no_db: bool, sweep_on: bo
                f"{megabytes(res['rss_after_kb'])}, {megabytes(res['rss_peak_kb'])}")
         packages = ", ".join(f"{name} {size / 2**20:,.1f}" for name, size in res["packages"]) \
             or "-"
+        cover = "-" if res["coverage_ms"] is None else \
+            " / ".join(f"{ms:.0f}" for ms in res["coverage_ms"])
         print(f"  {setting:<{width}} {res['name']:<24} {cut:>5} {res['load_s']:7.2f} "
-              f"{res['texts_per_s']:8,.1f}  {rss:<22} {packages}")
+              f"{res['texts_per_s']:8,.1f} {cover:>11}  {rss:<22} {packages}")
     print(f"  (texts/s: {next(iter(results.values()))['resources']['pairs']} English chat "
           f"pairs of ~115 tokens, bench/builds.py's; after a warm-up of {WARM_UP}, the better "
-          f"of {ROUNDS} rounds)")
+          f"of {ROUNDS} rounds. cover ms: the coverage check an English search adds, for 1 / "
+          f"3 such pairs within the sure distance, median of {COVERAGE_ROUNDS})")
 
     modes = ["mem"] if no_db else ["off", "on"]
     print(f"\nresults (k {K}; a memory counts only if search returns it, after the cut; "

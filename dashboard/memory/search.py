@@ -283,22 +283,29 @@ def search_memory(session: Session, owner_ids: int | Sequence[int], query: str, 
     plain, special = _search_plain(session, owners, vector, k, embedder.name, tsquery,
                                    asked.match_distance)
     codes = names_a_code(terms)
-    lists = [_labelled(plain, asked.sure_distance, codes)]
+    lists = [_labelled(plain, asked, codes)]
     for owner, ann, model in special:
         lists.append(_search_owner(session, owner, ann, model, query, asked, k, embedder,
                                    max_distance, tsquery, codes))
     return [found.hit for found in _merged(lists)[:k]]
 
 
-def _labelled(found: list[_Found], sure: float | None, codes: bool) -> list[_Found]:
-    """Each hit's relevance: ``relevant`` within the sure distance, or holding a term of a
-    query that names a code (``names_a_code``); ``possibly_related`` between that and the
-    cut, a chunk holding only a name of the query too (no sure distance: sure of whatever
-    the cut keeps)."""
+def _labelled(found: list[_Found], asked: QueryVector, codes: bool) -> list[_Found]:
+    """Each hit's relevance: ``relevant`` when it holds a term of a query that names a
+    code (``names_a_code``) or is within the sure distance, and covers the query
+    (``covers``: one pass over those hits' texts; the code proves the subject, not the
+    thing asked); ``possibly_related`` otherwise, a chunk holding only a name of the query
+    too (no sure distance: sure of whatever the cut keeps)."""
+    sure = asked.sure_distance
     if sure is None:
         return found
-    return [f if (codes and f.lexical is not None) or f.hit.distance <= sure
-            else replace(f, hit=replace(f.hit, relevance=POSSIBLY_RELATED)) for f in found]
+    near = [i for i, f in enumerate(found)
+            if (codes and f.lexical is not None) or f.hit.distance <= sure]
+    covered = asked.covers([found[i].hit.content for i in near]) if asked.covers and near \
+        else [True] * len(near)
+    sure_of = {i for i, yes in zip(near, covered, strict=True) if yes}
+    return [f if i in sure_of else replace(f, hit=replace(f.hit, relevance=POSSIBLY_RELATED))
+            for i, f in enumerate(found)]
 
 
 def _merged(lists: list[list[_Found]]) -> list[_Found]:
@@ -375,4 +382,4 @@ def _search_owner(session: Session, owner: int, ann: bool, model: str, query: st
     found = _hnsw(session, owner, vector, k, model, tsquery, cut) if ann else None
     if found is None:  # not ready, or short: topped up exactly
         found = _exact(session, owner, vector, k, model, tsquery, cut)
-    return _labelled(found, asked.sure_distance, codes)
+    return _labelled(found, asked, codes)

@@ -411,8 +411,10 @@ def test_on_the_hnsw_path_the_words_are_read_through_their_gin_index(db_session)
 def test_an_identifier_the_vectors_miss_is_found_by_its_words(db_session, count_queries):
     """MiniLM puts the locker's memory far from a question about BL-422 (its other words
     mean nothing alike): beyond a cut of 0.8, the vectors alone answer without it. Hybrid
-    recall finds it first, in one statement, as matched by its words, and sure of it (a
-    code); the memory about an outcome, near enough to show, is only possibly related."""
+    recall finds it first, in one statement, as matched by its words. The code proves the
+    subject, not the thing asked: nothing in it is an outcome, so it is possibly related;
+    asked what BL-422 holds, it is relevant. The memory about an outcome, near enough to
+    show, is only possibly related."""
     from dashboard.memory.embedders import get_embedder
 
     embedder = get_embedder("minilm")
@@ -432,9 +434,12 @@ def test_an_identifier_the_vectors_miss_is_found_by_its_words(db_session, count_
                              max_distance=cut)
     assert q.count == 1
     assert (hits[0].content, hits[0].match, hits[0].relevance) == \
-        (locker, "lexical", "relevant")
+        (locker, "lexical", "possibly_related")
     # The outcome's memory is near enough to show, not to be sure of.
     assert {(h.match, h.relevance) for h in hits[1:]} <= {("semantic", "possibly_related")}
+    held = search_memory(db_session, user.id, "what's in BL-422?", 3, embedder=embedder,
+                         max_distance=cut)[0]
+    assert (held.content, held.relevance) == (locker, "relevant")
 
 
 def test_a_team_on_the_hnsw_path_is_fused_in_with_the_persons_hits(db_session):
