@@ -10,7 +10,6 @@ import click
 from flask import current_app
 from flask.cli import with_appcontext
 
-from dashboard.connectors.mcp import build_server, from_api_key
 from dashboard.memory import preload_embedder
 from dashboard.saved_memories.models import MEMORY_SOURCES
 
@@ -30,6 +29,8 @@ def mcp_group() -> None:
 def stdio(source: str) -> None:
     """Serve MCP on stdin/stdout with the API key in ORBITPILOT_API_KEY (never an
     argument: arguments show in the process list)."""
+    from dashboard.connectors.mcp import build_server, from_api_key  # the SDK: only here
+
     raw = current_app.config["ORBITPILOT_API_KEY"]
     if not raw:
         raise click.ClickException(f"Set {KEY_VARIABLE} to an API key (create one on "

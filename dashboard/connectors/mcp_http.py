@@ -17,21 +17,21 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from a2wsgi import ASGIMiddleware
 from flask import Flask
-from mcp.server.auth.middleware.auth_context import auth_context_var
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
-from mcp.server.mcpserver import MCPServer
-from starlette.authentication import AuthCredentials
 from werkzeug.wsgi import get_current_url, get_host
 
 from dashboard.connectors import services as connections
-from dashboard.connectors.mcp import build_server
 from dashboard.extensions import db
+
+if TYPE_CHECKING:
+    from mcp.server.auth.provider import AccessToken
+    from mcp.server.mcpserver import MCPServer
+
+# The MCP SDK (half a second to import) loads at the first /mcp call a process serves,
+# with its server: a build worker or a command that never serves MCP never pays for it.
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,11 @@ class _AuthContext:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        from mcp.server.auth.middleware.auth_context import auth_context_var
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+        from mcp.server.auth.provider import AccessToken
+        from starlette.authentication import AuthCredentials
+
         token = scope.get("wsgi_environ", {}).get(_TOKEN) if scope["type"] == "http" else None
         if not isinstance(token, AccessToken):
             raise RuntimeError("an /mcp request reached the SDK unauthenticated")
@@ -159,6 +164,8 @@ class MCPMount:
                 db.session.remove()
         if caller is None:
             return None
+        from mcp.server.auth.provider import AccessToken
+
         return AccessToken(token=raw, client_id=str(caller.grant_id),
                            scopes=list(caller.scopes), resource=resource,
                            expires_at=int(caller.token_expires_at.timestamp()),
@@ -171,6 +178,10 @@ class MCPMount:
             return self._served
         with self._lock:
             if self._served is None:
+                from a2wsgi import ASGIMiddleware
+
+                from dashboard.connectors.mcp import build_server
+
                 server = build_server(self.app)
                 # host 0.0.0.0: the SDK's own Host and Origin lists stay off; the app's
                 # TRUSTED_HOSTS and this mount's Origin check run before it.

@@ -6,12 +6,16 @@ before any work, the app's own or a configured one passes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import anyio
 import httpx2
 import pytest
 from sqlalchemy import select
 
-from dashboard.connectors import mcp_http
+from dashboard.connectors import mcp as mcp_tools
 from dashboard.connectors.models import OAuthGrant
 from dashboard.extensions import db
 from tests.connectors.helpers import live_app
@@ -50,14 +54,25 @@ async def tool_names(url: str, token: str) -> set[str]:
         return {tool.name for tool in (await session.list_tools()).tools}
 
 
+def test_an_app_that_serves_no_mcp_call_never_imports_the_sdk():
+    """A build worker, a command: the app made, a page served, and no MCP SDK loaded (it
+    costs each process start half a second); web workers load it before they serve."""
+    code = ("import sys; from dashboard import create_app; app = create_app(); "
+            "app.test_client().get('/auth/signin'); "
+            "print(sorted({m.partition('.')[0] for m in sys.modules} & {'mcp', 'a2wsgi'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[2], timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr[-2000:]
+
+
 def test_a_thousand_host_headers_leave_one_server_in_the_mount(app, monkeypatch):
-    built, build_server = [], mcp_http.build_server
+    built, build_server = [], mcp_tools.build_server
 
     def counting_build_server(*args, **kwargs):  # the real one, counted
         built.append(build_server(*args, **kwargs))
         return built[-1]
 
-    monkeypatch.setattr(mcp_http, "build_server", counting_build_server)
+    monkeypatch.setattr(mcp_tools, "build_server", counting_build_server)
     with live_app() as live:
         mount = live.app.extensions["orbitpilot.mcp"]
         pages = live.app.test_client()
