@@ -24,9 +24,9 @@ APP_FACTORY = "dashboard.app"
 EDGE_NAMES = {"views", "pages", "key_pages", "profile_pages", "team_pages", "api", "openapi",
               "web", "forms", "decorators", "oauth", "mcp", "mcp_http", "cli"}
 EDGE_MODULES = {"dashboard", "dashboard.app", "dashboard.cli", "dashboard.errors",
-                "dashboard.extensions", "dashboard.forms", "dashboard.metrics", "dashboard.queues",
-                "dashboard.security", "dashboard.staff", "dashboard.supervisor",
-                "dashboard.views"}
+                "dashboard.extensions", "dashboard.forms", "dashboard.gunicorn_hooks",
+                "dashboard.metrics", "dashboard.queues", "dashboard.security",
+                "dashboard.staff", "dashboard.supervisor", "dashboard.views"}
 EDGE_PACKAGES = ("dashboard.admin",)
 # Model modules may build on Flask-SQLAlchemy's ``db.Model`` (and Flask-Login's mixin).
 MODEL_NAMES = {"models", "models_base", "leases"}
