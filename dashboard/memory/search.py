@@ -145,10 +145,12 @@ def _fused_rows(top, lexical, vector: np.ndarray, k: int, cut: float | None):
     """The two lists fused by reciprocal rank, k rows read whole: those the cut keeps (in
     the words' list, or near enough) first, by score. A row the words found and the
     vectors did not gets its distance computed here (k rows at most)."""
-    by_vector = select(top.c.id, top.c.distance, func.row_number().over(
-        order_by=(top.c.distance, top.c.id)).label("rank")).subquery("by_vector")
-    by_words = select(lexical.c.id, lexical.c.lexical, func.row_number().over(
-        order_by=(lexical.c.lexical.desc(), lexical.c.id)).label("rank")).subquery("by_words")
+    # Ties share a rank (rank(), not row_number()): chunks the words rank equally (each
+    # holds the query's one identifier once) are not set apart by their ids.
+    by_vector = select(top.c.id, top.c.distance, func.rank().over(
+        order_by=top.c.distance).label("rank")).subquery("by_vector")
+    by_words = select(lexical.c.id, lexical.c.lexical, func.rank().over(
+        order_by=lexical.c.lexical.desc()).label("rank")).subquery("by_words")
     score = (func.coalesce(literal(1.0, Float) / (RRF_K + by_vector.c.rank), 0.0)
              + func.coalesce(literal(1.0, Float) / (RRF_K + by_words.c.rank), 0.0))
     chunk_id = func.coalesce(by_vector.c.id, by_words.c.id)
@@ -321,8 +323,11 @@ def _merged(lists: list[list[_Found]]) -> list[_Found]:
                        key=lambda f: (f.hit.distance, f.hit.chunk_id))
     by_words = sorted((f for f in union if f.lexical is not None),
                       key=lambda f: (-f.lexical, f.hit.chunk_id))
-    for ranked in (by_vector, by_words):
-        for rank, found in enumerate(ranked, 1):
+    for ranked, key in ((by_vector, lambda f: f.hit.distance), (by_words, lambda f: f.lexical)):
+        rank, previous = 0, None
+        for position, found in enumerate(ranked, 1):
+            if position == 1 or key(found) != previous:  # a tie shares the rank (as SQL's)
+                rank, previous = position, key(found)
             score[found.hit.chunk_id] += 1.0 / (RRF_K + rank)
     return sorted((replace(f, score=score[f.hit.chunk_id]) for f in union), key=_rank)
 

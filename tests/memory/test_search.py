@@ -467,3 +467,26 @@ def test_a_team_on_the_hnsw_path_is_fused_in_with_the_persons_hits(db_session):
     assert [h.content for h in search_memory(
         db_session, [person.id, team.id], query, 5, embedder=embedder, max_distance=cut,
         hybrid=False)] == ["Ticket BL-422 closed after the vendor patch."]
+
+
+def test_chunks_the_words_rank_equally_share_their_rank_whatever_their_ids(db_session):
+    """Every chunk holds the query's one identifier once: the words rank them equally, so
+    the vectors decide. Ranked 1, 2, 3, 4 by id instead, the oldest (a weak match) would
+    win the fusion over the nearest (1/63 + 1/61 against 1/61 + 1/64)."""
+    embedder = HashingEmbedder()
+    code = "f3a9c2d17b4e4c0e9d5a6b7c8d9e0f1a"
+    weak, far, second, nearest = (f"My Heron {code} demo is on Friday.",
+                                  f"Heron {code} is the codename of the billing rewrite.",
+                                  f"Heron {code} note one.", f"Heron {code} note zero.")
+    user = make_user(db_session)
+    for content in (weak, far, second, nearest):  # saved and built in turn: ids in order
+        db_session.add(Memory(owner_id=user.id, content=content))
+        db_session.flush()
+        run_memory_build(user, "quick", session=db_session, embedder=embedder)
+    ids = dict(db_session.execute(select(MemoryChunk.content, MemoryChunk.id)
+                                  .where(MemoryChunk.user_id == user.id)).all())
+    assert ids[weak] < ids[far] < ids[second] < ids[nearest]  # the case the ids decided
+    hits = search_memory(db_session, user.id, f"Heron {code} note zero", 4,
+                         embedder=embedder)
+    assert {h.match for h in hits} == {"both"}
+    assert [h.content for h in hits[:2]] == [nearest, second]
