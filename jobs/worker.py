@@ -122,14 +122,19 @@ class ForkingWorker(Worker):
             log.warning("could not unregister the worker from Redis (%s)", type(exc).__name__)
 
 
+NEVER_IN_A_WORKER = frozenset({"dashboard.connectors.mcp"})
+
+
 def import_everything() -> None:
     """Import every module of the app and the jobs before any thread starts or any job
     is forked. A fork copies a module lock that another thread holds mid-import; the work
     horse would then wait for that import forever (seen: a horse forked while the
-    maintenance thread's first pass was importing)."""
+    maintenance thread's first pass was importing). Not the MCP tools: only web workers
+    and ``flask mcp stdio`` serve MCP, and the SDK costs a start half a second."""
     for package in (dashboard, jobs):
         for module in pkgutil.walk_packages(package.__path__, f"{package.__name__}."):
-            importlib.import_module(module.name)
+            if module.name not in NEVER_IN_A_WORKER:
+                importlib.import_module(module.name)
 
 
 def maintenance_pass(app: Flask, holder: str) -> None:

@@ -173,3 +173,14 @@ def test_a_malformed_allowed_origin_stops_the_app_at_start(app):
     with pytest.raises(ValueError, match="MCP_ALLOWED_ORIGINS"), \
             live_app(MCP_ALLOWED_ORIGINS=["inspector.example"]):
         pass
+
+
+def test_a_build_worker_imports_every_module_but_the_mcp_tools():
+    """A worker imports the whole app before it forks (fork safety), all but what only
+    web workers and ``flask mcp stdio`` run: no MCP SDK in a build worker."""
+    code = ("import sys; from jobs.worker import import_everything; import_everything(); "
+            "print(sorted({m.partition('.')[0] for m in sys.modules} & {'mcp', 'a2wsgi'}), "
+            "'dashboard.evidence.checks' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).parents[2], timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[] True", out.stderr[-2000:]
