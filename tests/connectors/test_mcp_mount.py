@@ -54,15 +54,21 @@ async def tool_names(url: str, token: str) -> set[str]:
         return {tool.name for tool in (await session.list_tools()).tools}
 
 
-def test_an_app_that_serves_no_mcp_call_never_imports_the_sdk():
-    """A build worker, a command: the app made, a page served, and no MCP SDK loaded (it
-    costs each process start half a second); web workers load it before they serve."""
-    code = ("import sys; from dashboard import create_app; app = create_app(); "
-            "app.test_client().get('/auth/signin'); "
-            "print(sorted({m.partition('.')[0] for m in sys.modules} & {'mcp', 'a2wsgi'}))")
+def sdk_loaded_after(code: str) -> str:
+    """In a fresh process, ``code`` run, then which of the MCP SDK's packages it loaded
+    (and whatever ``code`` printed last on the line)."""
+    code += ("; import sys; print(sorted({m.partition('.')[0] for m in sys.modules} "
+             "& {'mcp', 'a2wsgi'}), end=' '); print(*extra)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=Path(__file__).parents[2], timeout=120)
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_an_app_that_serves_no_mcp_call_never_imports_the_sdk():
+    """A command: the app made, a page served, and no MCP SDK loaded (it costs each
+    process start half a second); web workers load it before they serve."""
+    assert sdk_loaded_after("from dashboard import create_app; app = create_app(); "
+                            "app.test_client().get('/auth/signin'); extra = ()") == "[]"
 
 
 def test_a_thousand_host_headers_leave_one_server_in_the_mount(app, monkeypatch):
@@ -178,9 +184,6 @@ def test_a_malformed_allowed_origin_stops_the_app_at_start(app):
 def test_a_build_worker_imports_every_module_but_the_mcp_tools():
     """A worker imports the whole app before it forks (fork safety), all but what only
     web workers and ``flask mcp stdio`` run: no MCP SDK in a build worker."""
-    code = ("import sys; from jobs.worker import import_everything; import_everything(); "
-            "print(sorted({m.partition('.')[0] for m in sys.modules} & {'mcp', 'a2wsgi'}), "
-            "'dashboard.evidence.checks' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=Path(__file__).parents[2], timeout=120)
-    assert out.stdout.strip().splitlines()[-1] == "[] True", out.stderr[-2000:]
+    assert sdk_loaded_after(
+        "import sys; from jobs.worker import import_everything; import_everything(); "
+        "extra = ('dashboard.evidence.checks' in sys.modules,)") == "[] True"
