@@ -297,7 +297,8 @@ def create_memory() -> ApiResult:
     payload = {"memory": _described(reach, saved.memory), "remembered": saved.remembered,
                "memory_notice": saved.sentence, "build": _build(saved.build)}
     db.session.commit()
-    return payload, 201, {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
+    return payload, 201 if saved.created else 200, \
+        {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
 
 
 @_route("/memories", "GET", operation="list")
@@ -459,13 +460,15 @@ def restore_memory(memory_id: str) -> ApiResult:
 
 @_route("/memories/<memory_id:memory_id>/share", "POST", operation="save", body=True)
 @spec.validate(json=ShareRequest,
-               resp=Responses(201, SaveOut, *ALWAYS, *TARGET, 409, *BODY),
+               resp=Responses(201, SaveOut, *ALWAYS, *TARGET, 409, *BODY,
+                              also={200: SaveOut}),
                operation_id="share_memory", tags=MEMORIES)
 def share_memory(memory_id: str) -> ApiResult:
     """Share one of the key owner's own active memories to a team: a copy owned by the
     team, naming the original as its provenance (the original stays the owner's).
 
-    The key must act for the team, and the owner's role there must let them share."""
+    The key must act for the team, and the owner's role there must let them share.
+    Shared again while that copy is active (a retry): 200 with the same copy."""
     body: ShareRequest = request.context.json
     key = _key()
     reach = _reach(key)
@@ -474,7 +477,8 @@ def share_memory(memory_id: str) -> ApiResult:
     payload = {"memory": _described(reach, saved.memory), "remembered": saved.remembered,
                "memory_notice": saved.sentence, "build": _build(saved.build)}
     db.session.commit()
-    return payload, 201, {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
+    return payload, 201 if saved.created else 200, \
+        {"Location": url_for(".get_memory", memory_id=saved.memory.id)}
 
 
 @_route("/memories/<memory_id:memory_id>/receipts", "GET", operation="receipts")

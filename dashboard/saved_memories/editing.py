@@ -33,6 +33,15 @@ class Saved:
     build: BuildRequest
     remembered: bool
     sentence: str
+    created: bool = True  # False: an earlier request's memory, answered again
+
+
+def saved_before(session: Session, memory: Memory, owner: Any) -> Saved:
+    """What a request that finds its memory already saved (a second click, a retry)
+    answers: that memory, and the owner's pending quick build (merged, if one waits)."""
+    remembered, sentence = _remembered(session, owner)
+    return Saved(memory, build_for_change(session, owner.id), remembered, sentence,
+                 created=False)
 
 
 def _remembered(session: Session, owner: Any) -> tuple[bool, str]:

@@ -99,8 +99,11 @@ class Responses(Response):
     refusal, documented as application/problem+json."""
 
     def __init__(self, status: int, model: Any, *problems: int,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, also: dict[int, Any] | None = None,
+                 ) -> None:
+        # ``also``: other success statuses (a retry answered with the first one's result).
         super().__init__(**{f"HTTP_{status}": model},
+                         **{f"HTTP_{code}": other for code, other in (also or {}).items()},
                          **{f"HTTP_{code}": (ProblemDetails, PROBLEM_DESCRIPTIONS[code])
                             for code in sorted(set(problems))})
         self.headers = {**_RESPONSE_HEADERS, status: {**_RESPONSE_HEADERS.get(status, {}),

@@ -21,7 +21,6 @@ from flask import (
 )
 from flask_login import current_user, login_required
 from flask_wtf import FlaskForm
-from sqlalchemy import select
 from wtforms import HiddenField, SelectField, TextAreaField
 from wtforms.fields import SelectChoice
 
@@ -306,34 +305,22 @@ def share(memory_id: str):
     if seat is None:
         form.team.errors = [*form.team.errors, "Choose one of your teams from the list."]
         return page(400)
-    # The original's row lock: two clicks at once take turns, the second finds the copy.
-    original = _find_locked(memory.id)
-    copy = db.session.scalar(select(Memory.id).where(
-        Memory.owner_id == seat.team_id, Memory.shared_from_id == original.id,
-        Memory.author_id == current_user.id, Memory.status == "active").limit(1))
-    if copy is None:
-        try:
-            copy = reached.share_to_team(db.session, reach_of(db.session, current_user.id),
-                                         original.id, seat.slug,
-                                         actor=Actor.of(current_user)).memory.id
-        except MemoryConflict as exc:
-            db.session.rollback()
-            return page(refusal_status(exc), exc.sentence)
-        except Refusal as exc:
-            db.session.rollback()
-            _refuse(exc)
+    # A second click finds the copy the first made (the service's row lock orders them).
+    try:
+        copy = reached.share_to_team(db.session, reach_of(db.session, current_user.id),
+                                     memory.id, seat.slug,
+                                     actor=Actor.of(current_user)).memory.id
+    except MemoryConflict as exc:
+        db.session.rollback()
+        return page(refusal_status(exc), exc.sentence)
+    except Refusal as exc:
+        db.session.rollback()
+        _refuse(exc)
     db.session.commit()
     flash(f"Shared with {seat.name}: a copy of it is now the team's memory (yours stays "
           "yours).", "success")
     return redirect(url_for("team_memories.index", slug=seat.slug, _anchor=f"memory-{copy}"),
                     303)
-
-
-def _find_locked(memory_id: object) -> Memory:
-    try:
-        return rules.find_memory(db.session, current_user.id, memory_id, lock=True)
-    except Refusal as exc:
-        _refuse(exc)
 
 
 @bp.route("/receipts/<marker_id>")

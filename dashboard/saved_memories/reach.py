@@ -111,18 +111,25 @@ def share_to_team(session: Session, reach: Reach, memory_id: object, team: objec
                   oauth_client_pk: int | None = None, scopes: Scopes = None
                   ) -> editing.Saved:
     """Copy one of the caller's own active memories to a team, with its provenance (the
-    original's id): deliberate, never silent; the original stays the caller's."""
+    original's id): deliberate, never silent; the original stays the caller's. Shared
+    again (a second click, a retry) while the copy is active: that copy, not another
+    (``created`` False); the original's row lock makes two requests at once take turns."""
     check_scope(scopes, "save")
     seat = seat_for(reach, team)
     if seat is None:
         raise InvalidMemoryInput("Name the team to share to.", "team")
-    original = rules.find_memory(session, reach.user_id, memory_id)
+    original = rules.find_memory(session, reach.user_id, memory_id, lock=True)
     if not may(seat, Action.SHARE):
         _refuse(seat, Action.SHARE)
     if original.status != "active":
         raise MemoryConflict("Only an active memory can be shared.")
     owner = session.get(User, seat.team_id)
     note_activity(session, seat.team_id, reach.user_id)
+    earlier = session.scalars(select(Memory).where(
+        Memory.owner_id == seat.team_id, Memory.shared_from_id == original.id,
+        Memory.author_id == reach.user_id, Memory.status == "active").limit(1)).first()
+    if earlier is not None:
+        return editing.saved_before(session, earlier, owner)
     saved = editing.save_memory(session, owner=owner, content=original.content,
                                  metadata=original.metadata_, source=original.source,
                                  actor=actor, api_key_id=api_key_id,

@@ -13,7 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from dashboard.access import reach_of
 from dashboard.audit.models import AuditEvent
@@ -259,6 +259,17 @@ def test_sharing_copies_a_personal_memory_to_the_team_with_its_provenance(pilot)
     event = pilot.session.scalars(select(AuditEvent).where(  # the log keeps every run's
         AuditEvent.action == "memory.share", AuditEvent.target_id == shared["id"])).one()
     assert event.details == {"from": own["id"], "team": pilot.team.id}
+    # A retry (the answer lost on the way) gets the same copy: 200, no second copy, no
+    # second share in the log.
+    again = member.post(f"/v1/memories/{own['id']}/share", json={"team": "pilot"})
+    assert again.status_code == 200, again.get_data(as_text=True)
+    assert again.get_json()["memory"]["id"] == shared["id"]
+    assert again.headers["Location"] == f"/v1/memories/{shared['id']}"
+    assert pilot.session.scalar(select(func.count()).select_from(Memory).where(
+        Memory.shared_from_id == uuid.UUID(own["id"]))) == 1
+    assert pilot.session.scalar(select(func.count()).select_from(AuditEvent).where(
+        AuditEvent.action == "memory.share",
+        AuditEvent.details["from"].astext == own["id"])) == 1
     # A reader may not; a team out of reach is the unknown-team 404; a forgotten
     # memory is a conflict; "personal" names no team.
     reader = pilot.api(pilot.reader)
