@@ -112,7 +112,7 @@ def save_memory(
                              source=who.source, actor=who.actor, api_key_id=who.api_key_id,
                              oauth_client_pk=who.oauth_client_pk,
                              client_name=who.client_name, scopes=who.scopes)
-    return {"memory": reached.described(session, reach, [saved.memory])[0],
+    return {"memory": reached.described(session, reach, [saved.memory], scopes=who.scopes)[0],
             "remembered": saved.remembered, "memory_notice": saved.sentence}
 
 
@@ -152,7 +152,7 @@ def list_memories(
     page = reached.list_for(session, reach, filters=reached.Filters.parse(team, author, app),
                             status=status, limit=limit, cursor=cursor or None,
                             scopes=who.scopes)
-    return {"items": reached.described(session, reach, page.items),
+    return {"items": reached.described(session, reach, page.items, scopes=who.scopes),
             "next_cursor": page.next_cursor}
 
 
@@ -162,7 +162,7 @@ def get_memory(
 ) -> dict[str, Any]:
     """One saved memory by its id (the user's own or a team's)."""
     memory = reached.find_for(session, reach, memory_id, operation="get", scopes=who.scopes)
-    return reached.described(session, reach, [memory])[0]
+    return reached.described(session, reach, [memory], scopes=who.scopes)[0]
 
 
 def update_memory(
@@ -177,7 +177,7 @@ def update_memory(
                              scopes=who.scopes)
     memory, _ = memories.change_memory(session, found.owner_id, memory_id, content=content,
                                        metadata=metadata, actor=who.actor, scopes=who.scopes)
-    return reached.described(session, reach, [memory])[0]
+    return reached.described(session, reach, [memory], scopes=who.scopes)[0]
 
 
 def forget_memory(

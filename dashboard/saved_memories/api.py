@@ -254,8 +254,8 @@ def _reach(key: ApiKey) -> Reach:
     return reach_of(db.session, key.owner_id, credential_of(key))
 
 
-def _described(reach: Reach, memory) -> dict[str, Any]:
-    return reached.described(db.session, reach, [memory])[0]
+def _described(reach: Reach, memory, key) -> dict[str, Any]:
+    return reached.described(db.session, reach, [memory], scopes=key.scopes)[0]
 
 
 def _build(build: BuildRequest | None) -> dict[str, Any] | None:
@@ -294,7 +294,7 @@ def create_memory() -> ApiResult:
     saved = reached.save_for(db.session, reach, team=body.team, content=body.content,
                              metadata=body.metadata, source=body.source, actor=_actor(key),
                              api_key_id=key.id, scopes=key.scopes)
-    payload = {"memory": _described(reach, saved.memory), "remembered": saved.remembered,
+    payload = {"memory": _described(reach, saved.memory, key), "remembered": saved.remembered,
                "memory_notice": saved.sentence, "build": _build(saved.build)}
     db.session.commit()
     return payload, 201 if saved.created else 200, \
@@ -316,7 +316,8 @@ def list_memories() -> ApiResult:
                             filters=reached.Filters.parse(query.team, query.author, query.app),
                             status=query.status, limit=query.limit,
                             cursor=query.cursor or None, scopes=key.scopes)
-    payload = {"items": reached.described(db.session, reach, page.items),
+    payload = {"items": reached.described(db.session, reach, page.items,
+                                        scopes=key.scopes),
                "next_cursor": page.next_cursor}
     db.session.commit()
     return payload, 200
@@ -367,7 +368,7 @@ def get_memory(memory_id: str) -> ApiResult:
     reach = _reach(key)
     memory = reached.find_for(db.session, reach, memory_id, operation="get",
                               scopes=key.scopes)
-    payload = _described(reach, memory)
+    payload = _described(reach, memory, key)
     db.session.commit()
     return payload, 200
 
@@ -387,7 +388,7 @@ def update_memory(memory_id: str) -> ApiResult:
     memory, _ = editing.change_memory(db.session, found.owner_id, memory_id,
                                        content=body.content, metadata=body.metadata,
                                        actor=_actor(key), scopes=key.scopes)
-    payload = _described(reach, memory)
+    payload = _described(reach, memory, key)
     db.session.commit()
     return payload, 200
 
@@ -430,7 +431,7 @@ def forget_memory(memory_id: str) -> ApiResult:
         metadata=body.metadata)
     # What the forget left, read as its own result (no second scope, as its receipt).
     memory = None if body.mode == "hard_delete" else \
-        _described(reach, rules.find_memory(db.session, owner_id, memory_id))
+        _described(reach, rules.find_memory(db.session, owner_id, memory_id), key)
     payload = {"receipt": receipt.to_dict(), "memory": memory}
     db.session.commit()
     return payload, 200
@@ -452,7 +453,7 @@ def restore_memory(memory_id: str) -> ApiResult:
                                       scopes=key.scopes, reason=body.reason,
                                       metadata=body.metadata)
     memory = rules.find_memory(db.session, owner_id, memory_id)
-    payload = {"memory": _described(reach, memory), "receipt": receipt.to_dict(),
+    payload = {"memory": _described(reach, memory, key), "receipt": receipt.to_dict(),
                "build": _build(receipt.build)}
     db.session.commit()
     return payload, 200
@@ -474,7 +475,7 @@ def share_memory(memory_id: str) -> ApiResult:
     reach = _reach(key)
     saved = reached.share_to_team(db.session, reach, memory_id, body.team, actor=_actor(key),
                                   api_key_id=key.id, scopes=key.scopes)
-    payload = {"memory": _described(reach, saved.memory), "remembered": saved.remembered,
+    payload = {"memory": _described(reach, saved.memory, key), "remembered": saved.remembered,
                "memory_notice": saved.sentence, "build": _build(saved.build)}
     db.session.commit()
     return payload, 201 if saved.created else 200, \

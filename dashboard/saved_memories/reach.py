@@ -368,13 +368,17 @@ def owner_label(reach: Reach, owner_id: int) -> str:
     return seat.slug if seat is not None else PERSONAL
 
 
-def described(session: Session, reach: Reach, memories: Iterable[Memory]
-              ) -> list[dict[str, Any]]:
+def described(session: Session, reach: Reach, memories: Iterable[Memory], *,
+              scopes: Scopes = None) -> list[dict[str, Any]]:
     """Each memory as the API and the MCP tools answer with it: its fields, whose it is
-    (``owner``) and who saved it with what (``attribution``), three queries in all."""
+    (``owner``) and who saved it with what (``attribution``), three queries in all. A
+    credential without the read scope (one that may only write or forget) is shown no
+    content and no metadata: changing a memory must not be a way to read it."""
     memories = list(memories)
     said = attribute(session, reach, memories)
-    return [{**reading.memory_dict(m), "owner": said[m.id].owner,
+    readable = scopes is None or rules.SCOPE_FOR_OPERATION["get"] in scopes
+    hidden = {} if readable else {"content": None, "metadata": None}
+    return [{**reading.memory_dict(m), **hidden, "owner": said[m.id].owner,
              "attribution": said[m.id].to_dict()} for m in memories]
 
 

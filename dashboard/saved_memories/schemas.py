@@ -219,6 +219,11 @@ class Attribution(BaseModel):
 
 
 class MemoryOut(ExportedMemory):
+    content: str | None = Field(description="null for a key without memory:read (one that "
+                                            "may only write or forget): changing a memory "
+                                            "is no way to read it.")
+    metadata: dict[str, Any] | None = Field(description="null, as content, for a key "
+                                                        "without memory:read.")
     owner: str = Field(description="Whose memory: \"personal\" (the key owner's) or the "
                                    "team's slug.")
     attribution: Attribution

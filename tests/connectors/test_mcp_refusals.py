@@ -6,6 +6,7 @@ the connections page lists exactly what the app was handed."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
@@ -191,3 +192,28 @@ def test_mcp_takes_only_post_and_never_holds_a_stream_open(app, method):
             answer = httpx2.request(method, f"{live.url}/mcp", headers=headers, timeout=10)
             assert answer.status_code == 405
             assert answer.headers["allow"] == "POST"
+
+
+def test_a_connection_that_may_only_write_is_shown_no_content(app):
+    """Through the SDK's client: an app allowed memory:write alone saves and updates, and
+    its answers name the memory without its content or labels (a canary)."""
+    canary = uuid.uuid4().hex
+    with live_app() as live:
+        token, _ = connect_directly(live, ["memory:write"])
+
+        async def scenario():
+            async with bearer(live.url, token) as session:
+                saved = await session.call_tool("save_memory", {
+                    "content": f"Door code {canary}.", "metadata": {"note": canary}})
+                memory_id = saved.structured_content["memory"]["id"]
+                updated = await session.call_tool("update_memory", {
+                    "memory_id": memory_id, "metadata": {"kept": canary}})
+                return saved, updated
+
+        saved, updated = anyio.run(scenario)
+    for answer, shown in ((saved, saved.structured_content["memory"]),
+                          (updated, updated.structured_content)):
+        assert not answer.is_error
+        assert canary not in json.dumps(answer.structured_content)
+        assert all(canary not in getattr(block, "text", "") for block in answer.content)
+        assert (shown["content"], shown["metadata"], shown["status"]) == (None, None, "active")

@@ -811,7 +811,7 @@ def test_a_response_that_drifted_from_its_model_is_still_answered_in_production(
         api, app, monkeypatch):
     memory = save(api)
     monkeypatch.setattr(reached, "described",
-                        lambda _session, _reach, ms: [{"id": str(m.id)} for m in ms])
+                        lambda _session, _reach, ms, **_: [{"id": str(m.id)} for m in ms])
     assert api.get(f"/v1/memories/{memory['id']}").status_code == 500  # tests: caught
     monkeypatch.setitem(app.config, "TESTING", False)
     response = api.get(f"/v1/memories/{memory['id']}")
@@ -959,3 +959,31 @@ def test_a_search_recall_is_not_sure_of_says_so(api, owner, db_session, monkeypa
     assert body["results"] and {h["relevance"] for h in body["results"]} == \
         {"possibly_related"}
     assert body["notice"] == memories.NOT_SURE
+
+
+def test_a_key_that_may_only_write_or_forget_is_shown_no_content(api, client, db_session,
+                                                                  owner):
+    """Changing a memory is no way to read it: a key without memory:read gets the memory's
+    id, state and attribution from PATCH, forget, restore and save, never its content or
+    metadata (the reading key's memory holds a canary)."""
+    canary = uuid.uuid4().hex
+    memory = save(api, f"Door code {canary}.", metadata={"note": canary})
+    _, writer = new_key(db_session, owner, ["memory:write"])
+    _, forgetter = new_key(db_session, owner, ["memory:delete"])
+    answers = [
+        (200, Api(client, writer).patch(f"/v1/memories/{memory['id']}",
+                                        json={"metadata": {}})),
+        (200, Api(client, forgetter).post(f"/v1/memories/{memory['id']}/forget",
+                                          json={"mode": "soft_delete"})),
+        (200, Api(client, forgetter).post(f"/v1/memories/{memory['id']}/restore", json={})),
+        (201, Api(client, writer).post("/v1/memories", json={"content": f"Also {canary}."})),
+    ]
+    for status, answer in answers:
+        assert answer.status_code == status, answer.get_data(as_text=True)
+        assert canary not in answer.get_data(as_text=True)
+        shown = answer.get_json()
+        shown = shown.get("memory", shown)
+        assert (shown["content"], shown["metadata"]) == (None, None)
+        assert shown["status"] in ("active", "deleted") and shown["attribution"]
+    # The reading key still reads it whole.
+    assert canary in api.get(f"/v1/memories/{memory['id']}").get_json()["content"]
