@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,9 +57,14 @@ def _spin(stop) -> None:
 
 
 class CpuLoad:
-    """Keeps ``processes`` cores busy for the length of a ``with`` block."""
+    """Keeps ``processes`` cores busy for the length of a ``with`` block; ``top_up``: only
+    as many as are idle when it starts (in the whole suite, other test workers already
+    keep the cores busy, and a spinner there would only slow them)."""
 
-    def __init__(self, processes: int = 2) -> None:
+    def __init__(self, processes: int = 2, *, top_up: bool = False) -> None:
+        if top_up:
+            idle = (os.cpu_count() or 1) * (1 - psutil.cpu_percent(interval=0.5) / 100)
+            processes = max(0, min(processes, round(idle)))
         self.processes = processes
         self._stop = multiprocessing.Event()
         self._workers: list[multiprocessing.Process] = []

@@ -238,7 +238,8 @@ def test_services_commands_start_nothing_and_tell_the_truth(tmp_path):
 
 def test_three_first_starts_in_fresh_folders_on_a_loaded_machine(tmp_path):
     """The first run of a fresh clone: app, embedded servers, migrations, a real query —
-    three at once, each in a fresh folder, while other processes keep both cores busy."""
+    three at once, each in a fresh folder, while other processes keep both cores busy
+    (spinners top the machine up to that; in the whole suite, other tests do)."""
     script = textwrap.dedent("""
         import sys
         from flask_migrate import upgrade
@@ -252,7 +253,7 @@ def test_three_first_starts_in_fresh_folders_on_a_loaded_machine(tmp_path):
     """)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     roots = [tmp_path / f"clone-{i}" for i in range(3)]
-    with CpuLoad(processes=2):
+    with CpuLoad(processes=2, top_up=True):
         starts = [subprocess.Popen([sys.executable, "-c", script, str(root)], cwd=ROOT,
                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                    text=True)
