@@ -60,6 +60,34 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+def _resolved_by(resolve: Resolver, host: str, port: int, deadline: float | None
+                 ) -> list[str]:
+    """``resolve(host, port)`` within the fetch's deadline. The system's resolver takes no
+    timeout: it runs on a thread of its own, left to finish alone when the deadline
+    passes, so a name server that never answers holds no fetch slot past the deadline
+    (at most a pool's worth of such threads per deadline, each until the resolver gives
+    up)."""
+    if deadline is None:
+        deadline = time.monotonic() + 3600
+    answer: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            answer["found"] = resolve(host, port)
+        except (OSError, ValueError):  # no such name, or none IDNA can spell
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="client-metadata-dns", daemon=True).start()
+    if not done.wait(max(0.0, deadline - time.monotonic())):
+        raise DocumentRefused("The client's metadata host did not resolve in time.")
+    if "found" not in answer:
+        raise DocumentRefused("The client's metadata host cannot be resolved.")
+    return answer["found"]
+
+
 class _Received:
     """Bytes already read, as ``http.client`` reads a socket."""
 
@@ -81,16 +109,13 @@ class Fetcher:
     timeout: float = 5.0
     resolve: Resolver = field(default=system_resolver, compare=False)
 
-    def addresses(self, host: str, port: int) -> list[str]:
-        """Where ``host`` may be reached: resolved once, every address checked."""
+    def addresses(self, host: str, port: int, deadline: float | None = None) -> list[str]:
+        """Where ``host`` may be reached: resolved once (within ``deadline``), every
+        address checked."""
         try:
             found = [str(ipaddress.ip_address(host.strip("[]")))]
         except ValueError:
-            try:
-                found = self.resolve(host, port)
-            except OSError:
-                raise DocumentRefused("The client's metadata host cannot be resolved.") \
-                    from None
+            found = _resolved_by(self.resolve, host, port, deadline)
         if not found:
             raise DocumentRefused("The client's metadata host cannot be resolved.")
         for address in found:
@@ -109,8 +134,8 @@ class Fetcher:
         parts = split_canonical(url)
         host, port = parts.hostname or "", parts.port or 443
         target = parts.path + (f"?{parts.query}" if parts.query else "")
-        raw = self._exchange(self.addresses(host, port), host, port, parts.netloc, target,
-                             deadline)
+        raw = self._exchange(self.addresses(host, port, deadline), host, port, parts.netloc,
+                             target, deadline)
         return _document(raw)
 
     def _exchange(self, addresses: list[str], host: str, port: int, netloc: str,

@@ -192,6 +192,26 @@ def test_a_full_pool_refuses_at_once_and_starts_nothing():
     assert pool.started == 2 and pool.waiting == 0
 
 
+def test_a_name_server_that_never_answers_frees_the_fetch_slot_at_the_deadline():
+    """The system's resolver takes no timeout: the lookup is left behind at the fetch's
+    deadline, and the pool's one slot serves the next fetch at once (not "busy")."""
+    pool, stuck = FetchPool(1), threading.Event()
+
+    def never_answers(host: str, port: int) -> list[str]:
+        stuck.wait(30)
+        return ["93.184.216.34"]
+
+    try:
+        with pytest.raises(DocumentRefused, match="did not resolve in time"):
+            pool.fetch(Fetcher(timeout=0.5, resolve=never_answers), "https://hung.example/c.json")
+        private = Fetcher(resolve=lambda host, port: ["10.0.0.7"])  # refused, unconnected
+        with pytest.raises(DocumentRefused, match="private network"):
+            pool.fetch(private, "https://next.example/c.json")
+        assert (pool.started, pool.waiting) == (2, 0)
+    finally:
+        stuck.set()
+
+
 def test_the_consent_page_says_try_again_when_the_pool_is_full(app, client, signed_in,
                                                                document):
     pool, held = oauth.fetch_pool(app), HeldFetcher()
