@@ -173,8 +173,9 @@ def in_memory(embedder, data: dict, cut) -> tuple[dict, dict]:
     kept = [[j for j in row if a.match_distance is None or distances[i, j] <= a.match_distance]
             for i, (row, a) in enumerate(zip(order, asked, strict=True))]
     returned = [[ids[j] for j in row] for row in kept]
-    relevant = [sure_of(a, [j for j in row if a.sure_distance is None
-                            or distances[i, j] <= a.sure_distance], memories)
+    relevant = [[ids[j] for j, yes in zip(row, a.relevant(
+                    [float(distances[i, j]) for j in row], [memories[j]["text"] for j in row]),
+                    strict=True) if yes]
                 for i, (row, a) in enumerate(zip(kept, asked, strict=True))]
     answered = [i for i, q in enumerate(queries) if q["answers"]]
     full = np.argsort(distances, axis=1, kind="stable")
@@ -189,15 +190,6 @@ def in_memory(embedder, data: dict, cut) -> tuple[dict, dict]:
                            if not q["answers"]],
     }
     return scored(queries, returned, uncut, relevant=relevant), detail
-
-
-def sure_of(asked, near: list[int], memories: list[dict]) -> list[str]:
-    """The ids of the memories within the sure distance that the query covers, as the
-    product labels them (``QueryVector.covers``)."""
-    if asked.covers is None or not near:
-        return [memories[j]["id"] for j in near]
-    covered = asked.covers([memories[j]["text"] for j in near])
-    return [memories[j]["id"] for j, yes in zip(near, covered, strict=True) if yes]
 
 
 def at_threshold(detail: dict, threshold: float) -> tuple[float, float]:
@@ -285,9 +277,10 @@ COVERAGE_ROUNDS = 10
 
 
 def coverage_ms(embedder, texts: list[str]) -> dict:
-    """What the coverage check adds to an English search (``QueryVector.covers``): its
-    median time over the question and 1 or 3 hits within the sure distance, chat pairs of
-    ~115 tokens (the longest hits; a saved memory is shorter). None: no such check."""
+    """What the coverage check adds to an English search (``QueryVector.covers``; the
+    question's words come from the pass that embedded it): its median time over 1 or 3
+    hits within the sure distance, chat pairs of ~115 tokens (the longest hits; a saved
+    memory is shorter). None: no such check."""
     from dashboard.memory.embedders import embed_query
 
     covers = embed_query(embedder, COVERAGE_QUESTION).covers

@@ -7,7 +7,7 @@ relevant. Measured: docs/architecture/retrieval.md."""
 
 from __future__ import annotations
 
-from dashboard.memory.minilm import MiniLM
+import numpy as np
 
 # Words that carry no subject of their own (and the pieces of English contractions the
 # tokenizer splits off: "sister's" → sister ' s).
@@ -28,14 +28,11 @@ def content_token(token: str) -> bool:
     return token.startswith("##") or token not in STOPWORDS
 
 
-def coverage(model: MiniLM, question: str, texts: list[str]) -> list[float]:
-    """Per text, the cosine at which the question's least-covered content word finds its
-    best counterpart in the text (1.0 for a question with no content word: nothing to
-    miss; 0.0 for a text with none). One forward pass over the question and the texts."""
-    if not texts:
-        return []
-    asked, *candidates = model.token_vectors([question, *texts], content_token)
+def coverage(asked: np.ndarray, texts: list[np.ndarray]) -> list[float]:
+    """Per text (its content tokens' unit vectors), the cosine at which the question's
+    least-covered content word (``asked``) finds its best counterpart there: 1.0 for a
+    question with no content word (nothing to miss), 0.0 for a text with none."""
     if not len(asked):
         return [1.0] * len(texts)
     return [float((asked @ tokens.T).max(axis=1).min()) if len(tokens) else 0.0
-            for tokens in candidates]
+            for tokens in texts]

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
-from dashboard.memory.coverage import coverage
+from dashboard.memory.coverage import content_token, coverage
 from dashboard.memory.language import is_english
 from dashboard.memory.minilm import HIDDEN, MODEL_NAME, MiniLM, model_folder
 from dashboard.memory.models import EMBEDDING_DIMENSIONS
@@ -130,18 +130,23 @@ class MultilingualEmbedder:
         self._minilm_share = math.sqrt(self.MINILM_WEIGHT)
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        if texts:
-            width = USEm3Embedder.native_dimensions
-            out[:, :width] = self._use.embed(texts)[:, :width] * self._use_share
-            out[:, width:width + HIDDEN] = self._minilm.embed(texts)[:, :HIDDEN] \
-                * self._minilm_share
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        return self._rows(self._use.embed(texts), self._minilm.embed(texts))
+
+    def _rows(self, use: np.ndarray, minilm: np.ndarray) -> np.ndarray:
+        """Each text's row from its two halves (the embedders' own rows)."""
+        out = np.zeros((len(use), self.dimensions), dtype=np.float32)
+        width = USEm3Embedder.native_dimensions
+        out[:, :width] = use[:, :width] * self._use_share
+        out[:, width:width + HIDDEN] = minilm[:, :HIDDEN] * self._minilm_share
         return out
 
     def embed_query(self, query: str) -> QueryVector:
         if is_english(query):
-            return QueryVector(self.embed([query])[0], self.match_distance,
-                               self.sure_distance, partial(self._minilm.covers, query))
+            minilm, covers = self._minilm.read_query(query)
+            return QueryVector(self._rows(self._use.embed([query]), minilm[None])[0],
+                               self.match_distance, self.sure_distance, covers)
         vector = self._use.embed([query])[0]  # zeros beyond USE's 512
         return QueryVector(vector, self.OTHER_MATCH_DISTANCE, self.OTHER_SURE_DISTANCE)
 
@@ -213,14 +218,26 @@ class MiniLMEmbedder:
         return out
 
     def embed_query(self, query: str) -> QueryVector:
-        return QueryVector(self.embed([query])[0], self.match_distance, self.sure_distance,
-                           partial(self.covers, query))
+        row, covers = self.read_query(query)
+        return QueryVector(row, self.match_distance, self.sure_distance, covers)
+
+    def read_query(self, query: str) -> tuple[np.ndarray, Callable[[list[str]], list[bool]]]:
+        """The query's row (``embed``'s) and its coverage check, from one pass: the check
+        then reads only the hits' texts, never the question again."""
+        pooled, (asked,) = self._model.pooled_and_tokens([query], content_token)
+        row = np.zeros(self.dimensions, dtype=np.float32)
+        row[:HIDDEN] = pooled[0]
+        return row, partial(self._covers, asked)
 
     def covers(self, query: str, texts: list[str]) -> list[bool]:
         """Whether ``query`` is about each text: each of its words finds a counterpart
         there. A text not in English is left to the distance (MiniLM reads English only)."""
+        return self.read_query(query)[1](texts)
+
+    def _covers(self, asked: np.ndarray, texts: list[str]) -> list[bool]:
         english = [i for i, text in enumerate(texts) if is_english(text)]
-        found = coverage(self._model, query, [texts[i] for i in english])
+        found = coverage(asked, self._model.token_vectors(
+            [texts[i] for i in english], content_token)) if english else []
         out = [True] * len(texts)
         for i, value in zip(english, found, strict=True):
             out[i] = value >= self.COVERAGE_FLOOR
@@ -302,6 +319,22 @@ class QueryVector:
     # Which of the texts of hits within the sure distance the query is about (None: all of
     # them): an English question's words must each find a counterpart (``coverage``).
     covers: Callable[[list[str]], list[bool]] | None = None
+
+    def relevant(self, distances: list[float], texts: list[str],
+                 coded: list[bool] | None = None) -> list[bool]:
+        """Per hit, whether recall is sure of it: within the sure distance, or holding a
+        code the query names (``coded``), and covering the query (one ``covers`` pass
+        over those hits' texts only). No sure distance: sure of everything."""
+        if self.sure_distance is None:
+            return [True] * len(distances)
+        near = [i for i, distance in enumerate(distances)
+                if (coded is not None and coded[i]) or distance <= self.sure_distance]
+        covered = self.covers([texts[i] for i in near]) if self.covers and near \
+            else [True] * len(near)
+        out = [False] * len(distances)
+        for i, yes in zip(near, covered, strict=True):
+            out[i] = yes
+        return out
 
 
 def embed_query(embedder: Embedder, query: str, cut: RecallCut = OWN_CUT) -> QueryVector:

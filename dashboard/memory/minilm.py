@@ -123,7 +123,7 @@ class MiniLM:
                 "norm2": (get("output.LayerNorm.weight"), get("output.LayerNorm.bias")),
             })
         # The graph is made here (a worker's parent, before it forks); a session per
-        # process, at its first batch (``_session``).
+        # process, at its first batch (``Sessions.get``).
         onnx = runtime == "onnxruntime" or (runtime == "auto" and onnx_available())
         self._sessions = Sessions(build_graph(
             self.layers, HIDDEN, HEADS, LAYER_NORM_EPS)) if onnx else None
@@ -143,8 +143,14 @@ class MiniLM:
     def token_vectors(self, texts: list[str], keep: Callable[[str], bool]) -> list[np.ndarray]:
         """Per text, the unit-length states of the tokens ``keep`` accepts (by the token's
         text, "##" pieces included; never [CLS], [SEP] or padding), one batch."""
+        return self.pooled_and_tokens(texts, keep)[1]
+
+    def pooled_and_tokens(self, texts: list[str], keep: Callable[[str], bool]
+                          ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``forward``'s vectors and ``token_vectors``' from the same pass."""
         encodings = self.tokenizer.encode_batch(texts)
-        states = self.states(*_arrays(encodings))
+        ids, mask = _arrays(encodings)
+        states = self.states(ids, mask)
         out = []
         for row, encoding in zip(states, encodings, strict=True):
             kept = [i for i, (token, special, real) in enumerate(zip(
@@ -153,7 +159,7 @@ class MiniLM:
             vectors = row[kept]
             out.append(vectors / np.maximum(
                 np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12))
-        return out
+        return _pooled(states, mask), out
 
     def states(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The last layer's token states of one padded batch (batch × length × 384)."""

@@ -298,16 +298,10 @@ def _labelled(found: list[_Found], asked: QueryVector, codes: bool) -> list[_Fou
     (``covers``: one pass over those hits' texts; the code proves the subject, not the
     thing asked); ``possibly_related`` otherwise, a chunk holding only a name of the query
     too (no sure distance: sure of whatever the cut keeps)."""
-    sure = asked.sure_distance
-    if sure is None:
-        return found
-    near = [i for i, f in enumerate(found)
-            if (codes and f.lexical is not None) or f.hit.distance <= sure]
-    covered = asked.covers([found[i].hit.content for i in near]) if asked.covers and near \
-        else [True] * len(near)
-    sure_of = {i for i, yes in zip(near, covered, strict=True) if yes}
-    return [f if i in sure_of else replace(f, hit=replace(f.hit, relevance=POSSIBLY_RELATED))
-            for i, f in enumerate(found)]
+    sure = asked.relevant([f.hit.distance for f in found], [f.hit.content for f in found],
+                          [codes and f.lexical is not None for f in found])
+    return [f if yes else replace(f, hit=replace(f.hit, relevance=POSSIBLY_RELATED))
+            for f, yes in zip(found, sure, strict=True)]
 
 
 def _merged(lists: list[list[_Found]]) -> list[_Found]:

@@ -3,6 +3,8 @@ about the question's subject but not the thing asked stays possibly related."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from dashboard.memory.coverage import content_token, coverage
 from dashboard.memory.embedders import MiniLMEmbedder, embed_query, get_embedder
 from dashboard.memory.minilm import MiniLM
@@ -25,13 +27,18 @@ def test_stop_words_and_punctuation_name_nothing():
             if content_token(t)] == ["sister", "##ling", "called"]
 
 
+def coverage_of(question: str, texts: list[str]) -> list[float]:
+    model = get_embedder("minilm")._model
+    (asked,) = model.token_vectors([question], content_token)
+    return coverage(asked, model.token_vectors(texts, content_token))
+
+
 @requires_ml
 def test_every_word_of_a_paraphrase_finds_a_counterpart_a_missing_subject_does_not():
-    model = get_embedder("minilm")._model
-    missing, asked = coverage(model, NOT_SAVED, [BILLING]) + coverage(model, ASKED, [BILLING])
+    missing, asked = coverage_of(NOT_SAVED, [BILLING]) + coverage_of(ASKED, [BILLING])
     assert missing < MiniLMEmbedder.COVERAGE_FLOOR <= asked
     # Nothing to miss in a question of stop words alone.
-    assert coverage(model, "what is it?", [BILLING]) == [1.0]
+    assert coverage_of("what is it?", [BILLING]) == [1.0]
 
 
 @requires_ml
@@ -54,7 +61,7 @@ def test_a_memory_not_in_english_is_left_to_the_distance():
     minilm = get_embedder("minilm")
     question = "what medicine am I allergic to?"
     for text in (PENICILLIN_ZH, PENICILLIN_FR):
-        assert coverage(minilm._model, question, [text])[0] < minilm.COVERAGE_FLOOR
+        assert coverage_of(question, [text])[0] < minilm.COVERAGE_FLOOR
     assert minilm.covers(question, [PENICILLIN_ZH, PENICILLIN_FR, BILLING]) == \
         [True, True, False]
 
@@ -62,19 +69,31 @@ def test_a_memory_not_in_english_is_left_to_the_distance():
 @requires_ml
 def test_one_pass_over_the_sure_hits_and_none_when_nothing_is_sure(db_session,
                                                                      monkeypatch):
+    """MiniLM's passes in a search, by their batches: the question once (its vector and
+    its words together), then the one hit within the sure distance alone; a question
+    nothing is near costs the question's pass only."""
     embedder = get_embedder("multilingual")
     user = memories_user(db_session, [BILLING, WIFI, AISLE])
     run_memory_build(user, "quick", session=db_session, embedder=embedder)
     passes = []
-    real = MiniLM.token_vectors
+    real = MiniLM.states
 
-    def counted(self, texts, keep):
-        passes.append(len(texts))
-        return real(self, texts, keep)
+    def counted(self, ids, mask):
+        passes.append(len(ids))
+        return real(self, ids, mask)
 
-    monkeypatch.setattr(MiniLM, "token_vectors", counted)
+    monkeypatch.setattr(MiniLM, "states", counted)
     search_memory(db_session, user.id, "what's our wifi called?", 3, embedder=embedder)
-    assert passes == [2]  # the question and the one hit within the sure distance
+    assert passes == [1, 1]
     passes.clear()
     hits = search_memory(db_session, user.id, "what is my blood type?", 3, embedder=embedder)
-    assert hits and passes == []
+    assert hits and passes == [1]
+
+
+@requires_ml
+def test_an_english_questions_vector_is_the_row_its_text_is_stored_as():
+    """The question's pass also reads its words: the vector must stay ``embed``'s own,
+    or a saved copy of the question would no longer be at distance 0."""
+    for name in ("multilingual", "minilm"):
+        embedder = get_embedder(name)
+        assert np.array_equal(embed_query(embedder, ASKED).vector, embedder.embed([ASKED])[0])
