@@ -376,8 +376,7 @@ def described(session: Session, reach: Reach, memories: Iterable[Memory], *,
     content and no metadata: changing a memory must not be a way to read it."""
     memories = list(memories)
     said = attribute(session, reach, memories)
-    readable = scopes is None or rules.SCOPE_FOR_OPERATION["get"] in scopes
-    hidden = {} if readable else {"content": None, "metadata": None}
+    hidden = {} if rules.allows(scopes, "get") else {"content": None, "metadata": None}
     return [{**reading.memory_dict(m), **hidden, "owner": said[m.id].owner,
              "attribution": said[m.id].to_dict()} for m in memories]
 

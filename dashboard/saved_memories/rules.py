@@ -152,19 +152,26 @@ def check_mode(mode: object, allowed: tuple[str, ...] = FORGET_MODES) -> str:
     return str(mode)
 
 
+def allows(scopes: Scopes, operation: str) -> bool:
+    """Whether ``scopes`` hold ``operation``'s scope (``None``: the owner, on their own
+    pages, may do all but a hard delete)."""
+    if scopes is None:
+        return operation != "hard_delete"
+    return SCOPE_FOR_OPERATION[operation] in scopes
+
+
 def check_scope(scopes: Scopes, operation: str) -> None:
     """Refuse ``operation`` unless ``scopes`` hold its scope (``SCOPE_FOR_OPERATION``);
     ``None`` is the owner acting on their own pages: everything but hard delete is theirs.
     Every entry point a key or token reaches calls this first (403 before 404 and 409)."""
+    if allows(scopes, operation):
+        return
     needed = SCOPE_FOR_OPERATION[operation]
     if scopes is None:
-        if operation == "hard_delete":
-            raise ScopeMissing("Permanent deletion is done through the API with a key "
-                               "an administrator granted memory:hard_delete.", needed)
-        return
-    if needed not in scopes:
-        raise ScopeMissing(f"This API key lacks the {needed} scope that "
-                           f"{operation.replace('_', ' ')} needs.", needed)
+        raise ScopeMissing("Permanent deletion is done through the API with a key "
+                           "an administrator granted memory:hard_delete.", needed)
+    raise ScopeMissing(f"This API key lacks the {needed} scope that "
+                       f"{operation.replace('_', ' ')} needs.", needed)
 
 
 def parse_memory_id(value: object) -> uuid.UUID | None:
