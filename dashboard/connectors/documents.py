@@ -60,15 +60,12 @@ def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
-def _resolved_by(resolve: Resolver, host: str, port: int, deadline: float | None
-                 ) -> list[str]:
+def _resolved_by(resolve: Resolver, host: str, port: int, deadline: float) -> list[str]:
     """``resolve(host, port)`` within the fetch's deadline. The system's resolver takes no
     timeout: it runs on a thread of its own, left to finish alone when the deadline
     passes, so a name server that never answers holds no fetch slot past the deadline
     (at most a pool's worth of such threads per deadline, each until the resolver gives
     up)."""
-    if deadline is None:
-        deadline = time.monotonic() + 3600
     answer: dict[str, Any] = {}
     done = threading.Event()
 
@@ -109,7 +106,7 @@ class Fetcher:
     timeout: float = 5.0
     resolve: Resolver = field(default=system_resolver, compare=False)
 
-    def addresses(self, host: str, port: int, deadline: float | None = None) -> list[str]:
+    def addresses(self, host: str, port: int, deadline: float) -> list[str]:
         """Where ``host`` may be reached: resolved once (within ``deadline``), every
         address checked."""
         try:
